@@ -1,0 +1,3 @@
+from partrain.cli import main
+
+raise SystemExit(main())

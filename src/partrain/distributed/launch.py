@@ -1,0 +1,147 @@
+"""Who am I, and who started me? Launcher detection and process-group set-up.
+
+partrain runs under three kinds of launcher and reads each one's environment:
+
+- ``torchrun`` (single or multi-node, elastic): ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+  ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``;
+- ``mpirun``: Open MPI's ``OMPI_COMM_WORLD_*`` or MPICH/Intel MPI's ``PMI_RANK``/``PMI_SIZE``
+  (with ``MPI_LOCALRANKID``/``MPI_LOCALNRANKS``);
+- Slurm ``srun``: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODELIST``.
+
+Under MPI and Slurm the rendezvous address comes from ``MASTER_ADDR``/``MASTER_PORT`` when
+set, else the first host of the Slurm node list, else 127.0.0.1 (single node). Run directly
+(no launcher), partrain starts its own local workers with PyTorch's elastic launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from partrain.errors import PartrainError
+
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """This process's place in the job, as the launcher described it."""
+
+    launcher: str  # "torchrun" | "mpirun" | "slurm" | "none"
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = DEFAULT_PORT
+
+    @property
+    def launched(self) -> bool:
+        return self.launcher != "none"
+
+
+def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int | None:
+    for name in names:
+        if env.get(name, "") != "":
+            try:
+                return int(env[name])
+            except ValueError:
+                raise PartrainError(f"environment variable {name}={env[name]!r} is not an integer") from None
+    return default
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """First host of a Slurm node list: ``node[03-05,09],gpu1`` -> ``node03``."""
+    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not m:
+        return "127.0.0.1"
+    prefix, ranges = m.groups()
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def detect_launcher(env: Mapping[str, str] | None = None) -> LaunchInfo:
+    """Read the launcher's environment; ``launcher == "none"`` when run directly."""
+    env = os.environ if env is None else env
+    port = _int(env, "MASTER_PORT", default=DEFAULT_PORT)
+    if "RANK" in env and "WORLD_SIZE" in env:  # torchrun, or any env:// launcher
+        world = _int(env, "WORLD_SIZE")
+        return LaunchInfo(
+            "torchrun", _int(env, "RANK"), world, _int(env, "LOCAL_RANK", default=0),
+            _int(env, "LOCAL_WORLD_SIZE", default=world), env.get("MASTER_ADDR", "127.0.0.1"), port,
+        )
+    if "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
+        world = _int(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+        return LaunchInfo(
+            "mpirun", _int(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK"), world,
+            _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", default=0),
+            _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", default=world),
+            env.get("MASTER_ADDR", "127.0.0.1"), port,
+        )
+    if "SLURM_PROCID" in env and _int(env, "SLURM_NTASKS", default=1) > 1:
+        world = _int(env, "SLURM_NTASKS")
+        nodes = _int(env, "SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1)
+        host = env.get("MASTER_ADDR") or first_slurm_host(env.get("SLURM_NODELIST", env.get("SLURM_JOB_NODELIST", "")))
+        return LaunchInfo(
+            "slurm", _int(env, "SLURM_PROCID"), world, _int(env, "SLURM_LOCALID", default=0),
+            _int(env, "SLURM_NTASKS_PER_NODE", default=max(1, world // nodes)), host or "127.0.0.1", port,
+        )
+    return LaunchInfo("none")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_backend(local_world_size: int) -> str:
+    """NCCL when every local worker can have a GPU of its own, else gloo."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
+        return "nccl"
+    return "gloo"
+
+
+def set_threads(requested: int | None, local_world_size: int) -> int:
+    """Intra-op threads per worker: cores / local workers unless the user says otherwise.
+
+    Oversubscribing (more busy threads than cores) slows every worker more than it helps,
+    so the default never does it; a user who asks for more gets what they asked for.
+    """
+    cores = os.cpu_count() or 1
+    threads = requested if requested is not None else max(1, cores // local_world_size)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def init_process_group(info: LaunchInfo, backend: str | None, timeout_s: float) -> str:
+    """Join the job's process group (no-op for a world of one). Returns the backend."""
+    backend = backend or default_backend(info.local_world_size)
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise PartrainError("backend nccl needs a GPU on every worker; none is visible: use --backend gloo")
+        torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
+    if info.world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{info.master_addr}:{info.master_port}",
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+    return backend
+
+
+def device_for(backend: str, info: LaunchInfo) -> torch.device:
+    if backend == "nccl":
+        return torch.device("cuda", info.local_rank % torch.cuda.device_count())
+    return torch.device("cpu")

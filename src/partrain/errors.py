@@ -1,0 +1,12 @@
+"""One error type for everything the user can fix.
+
+A ``PartrainError`` is bad input or a configuration that cannot run: the CLI prints its
+message as one line (``partrain: error: ...``) and exits with status 2, with no
+traceback. Anything else that escapes is a bug in partrain and keeps its traceback.
+"""
+
+
+class PartrainError(Exception):
+    """A problem the user can fix; ``str(err)`` names the problem and the fix."""
+
+    exit_status = 2

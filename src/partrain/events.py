@@ -1,0 +1,64 @@
+"""Timestamped events for timelines and the predictor.
+
+Each worker keeps a list of spans (name, start, end, attributes) in memory and writes them
+once, at the end of the run, to ``<dir>/rank<R>.jsonl``: nothing touches the disk on the
+hot path. Off (the default), ``span`` returns one shared no-op context manager, so a
+disabled trace costs a method call per span (well under a microsecond).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+_NULL = contextlib.nullcontext()
+
+
+class EventLog:
+    def __init__(self, directory: str | None = None, rank: int = 0):
+        self.enabled = directory is not None
+        self.directory = Path(directory) if directory else None
+        self.rank = rank
+        self.spans: list[tuple[str, float, float, dict]] = []
+        self.t0 = time.perf_counter()
+
+    def span(self, name: str, **attrs):
+        """``with events.span("forward", mb=3): ...`` records the block's wall time."""
+        if not self.enabled:
+            return _NULL
+        return self._span(name, attrs)
+
+    @contextlib.contextmanager
+    def _span(self, name: str, attrs: dict):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spans.append((name, start - self.t0, time.perf_counter() - self.t0, attrs))
+
+    def record(self, name: str, start: float, end: float, **attrs) -> None:
+        """Record a span measured elsewhere (``time.perf_counter`` seconds)."""
+        if self.enabled:
+            self.spans.append((name, start - self.t0, end - self.t0, attrs))
+
+    def write(self) -> Path | None:
+        if not self.enabled:
+            return None
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"rank{self.rank}.jsonl"
+        tmp = path.with_suffix(".tmp")
+        with tmp.open("w") as f:
+            for name, start, end, attrs in self.spans:
+                f.write(json.dumps({"rank": self.rank, "name": name, "start": start, "end": end, **attrs}) + "\n")
+        tmp.replace(path)
+        return path
+
+
+def read_events(directory: str | Path) -> list[dict]:
+    """All ranks' events from a run's event directory, ordered by start time."""
+    events = []
+    for path in sorted(Path(directory).glob("rank*.jsonl")):
+        events += [json.loads(line) for line in path.read_text().splitlines() if line]
+    return sorted(events, key=lambda e: (e["start"], e["rank"]))

@@ -1,0 +1,145 @@
+"""Model registry: a zoo name or a user factory ``package.module:function`` -> ``nn.Module``.
+
+Also the one place that knows a model's pipeline blocks: the ordered modules that, applied
+one after the other, compute the model, and between which a pipeline may cut stages.
+"""
+
+import importlib
+import inspect
+from collections.abc import Callable, Iterable
+
+import torch.nn as nn
+
+from partrain.errors import PartrainError
+from partrain.models.cnn import cnn
+from partrain.models.mlp import mlp
+from partrain.models.mobilenet import mobilenetv2
+from partrain.models.resnet import resnet18, resnet50, resnet152
+from partrain.models.vgg import vgg11, vgg16
+
+_ZOO: dict[str, Callable[..., nn.Module]] = {
+    "mlp": mlp,
+    "cnn": cnn,
+    "resnet18": resnet18,
+    "resnet50": resnet50,
+    "resnet152": resnet152,
+    "vgg11": vgg11,
+    "vgg16": vgg16,
+    "mobilenetv2": mobilenetv2,
+}
+
+# A user factory's explicit blocks live here, as a plain list so nn.Module does not register
+# the submodules a second time.
+_BLOCKS_ATTR = "_partrain_blocks"
+
+
+def list_models() -> list[str]:
+    """The zoo's model names."""
+    return list(_ZOO)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of parameters (shared ones counted once), trainable or not."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def model_blocks(model: nn.Module) -> list[nn.Module]:
+    """The ordered blocks of ``model``: applied in order to an input, they compute ``model(input)``.
+
+    The blocks a user factory returned; else the children of an ``nn.Sequential`` (every zoo
+    model is one); else ``[model]``, a single block that no pipeline can split.
+    """
+    blocks = getattr(model, _BLOCKS_ATTR, None)
+    if blocks is not None:
+        return list(blocks)
+    if isinstance(model, nn.Sequential):
+        return list(model.children())
+    return [model]
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **options) -> nn.Module:
+    """Build a zoo model, or call the user factory ``package.module:function``.
+
+    ``input_shape`` is one sample's shape, ``(C, H, W)`` for images. ``options`` go to the
+    builder (for ``mlp``: ``activation``, ``hidden``). A factory is called with those of
+    ``input_shape``, ``num_classes`` and ``options`` it accepts by name; it returns an
+    ``nn.Module`` or a tuple ``(module, blocks)`` with the module's pipeline blocks.
+    """
+    input_shape = tuple(input_shape)
+    if not input_shape or not all(isinstance(d, int) and d > 0 for d in input_shape):
+        raise PartrainError(
+            f"input_shape must be positive sizes such as (3, 32, 32), got {input_shape}"
+        )
+    if not isinstance(num_classes, int) or num_classes < 1:
+        raise PartrainError(f"num_classes must be a positive integer, got {num_classes!r}")
+    if name in _ZOO:
+        return _call(name, _ZOO[name], input_shape, num_classes, options)
+    if ":" not in name:
+        raise PartrainError(
+            f"unknown model {name!r}: choose one of {', '.join(_ZOO)}, "
+            "or give your own factory as 'package.module:function'"
+        )
+    return _build_user_model(name, input_shape, num_classes, options)
+
+
+def _call(
+    name: str, factory: Callable, input_shape: tuple[int, ...], num_classes: int, options: dict
+):
+    """Call ``factory`` with the keywords it accepts; an option it does not accept is an error."""
+    params = inspect.signature(factory).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return factory(input_shape=input_shape, num_classes=num_classes, **options)
+    unknown = [key for key in options if key not in params]
+    if unknown:
+        accepted = [key for key in params if key not in ("input_shape", "num_classes")]
+        raise PartrainError(
+            f"model {name!r} has no option {unknown[0]!r}; "
+            f"its options are: {', '.join(accepted) or 'none'}"
+        )
+    given = {"input_shape": input_shape, "num_classes": num_classes}
+    return factory(**{key: value for key, value in given.items() if key in params}, **options)
+
+
+def _build_user_model(
+    spec: str, input_shape: tuple[int, ...], num_classes: int, options: dict
+) -> nn.Module:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise PartrainError(f"model {spec!r}: write a user factory as 'package.module:function'")
+    try:
+        factory = importlib.import_module(module_name)
+    except ImportError as err:
+        raise PartrainError(
+            f"model {spec!r}: cannot import module {module_name!r} ({err}); "
+            "check the spelling and that its directory is on PYTHONPATH"
+        ) from err
+    try:
+        for part in attr.split("."):
+            factory = getattr(factory, part)
+    except AttributeError as err:
+        raise PartrainError(
+            f"model {spec!r}: module {module_name!r} has no attribute {attr!r}; "
+            "check the name after the colon"
+        ) from err
+    if not callable(factory):
+        raise PartrainError(
+            f"model {spec!r}: {attr!r} is not callable; point at a function that builds the model"
+        )
+
+    result = _call(spec, factory, input_shape, num_classes, options)
+    model, blocks = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
+    if not isinstance(model, nn.Module):
+        raise PartrainError(
+            f"model {spec!r}: the factory returned a {type(result).__name__}, not an nn.Module "
+            "or a tuple (nn.Module, list of blocks); return the model"
+        )
+    if blocks is not None:
+        owned = {id(m) for m in model.modules()}
+        blocks = list(blocks) if isinstance(blocks, Iterable) else []
+        if not blocks or not all(isinstance(b, nn.Module) and id(b) in owned for b in blocks):
+            raise PartrainError(
+                f"model {spec!r}: the factory's blocks must be a non-empty list of submodules "
+                "of the model it returned"
+            )
+        setattr(model, _BLOCKS_ATTR, blocks)
+    return model

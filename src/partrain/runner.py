@@ -1,0 +1,70 @@
+"""Run a training configuration: check it, then run it here, under a launcher, or spawned.
+
+- Under ``torchrun``, ``mpirun`` or ``srun`` this process is one worker: it runs the loop.
+- Run directly with one worker, the loop runs in this process.
+- Run directly with N > 1 workers, N local workers are started (``distributed.spawn``).
+
+Before any worker starts, ``preflight`` refuses what cannot run (bad pipeline cut, missing
+data, unknown model) with one clear line, so a bad configuration never spawns anything.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from partrain.config import RunConfig
+from partrain.data import dataset_spec, load_dataset
+from partrain.distributed.launch import LaunchInfo, detect_launcher
+from partrain.distributed.spawn import WORKER_ERROR_EXIT, spawn
+from partrain.errors import PartrainError
+from partrain.models import build_model, model_blocks
+from partrain.train import RunResult, train_worker
+
+
+def preflight(cfg: RunConfig) -> None:
+    """Everything that can be checked without a process group, checked in the launcher."""
+    spec = dataset_spec(cfg.dataset)
+    # reading the test split proves the files exist and parse (the train split is read by the workers)
+    load_dataset(cfg.dataset, "test", data_dir=cfg.data_dir, synthetic=cfg.synthetic, limit=1)
+    model = build_model(cfg.model, spec.input_shape, spec.num_classes, **cfg.model_options)
+    n_blocks = len(model_blocks(model))
+    n_stages = cfg.dims.pp * cfg.stages_per_worker
+    if n_stages > n_blocks:
+        raise PartrainError(
+            f"{n_stages} pipeline stages but {cfg.model} has only {n_blocks} blocks: use at most {n_blocks} stages"
+        )
+    if cfg.split_points and len(cfg.split_points) != n_stages - 1:
+        raise PartrainError(f"--split-points needs {n_stages - 1} block indices for {n_stages} stages, got {len(cfg.split_points)}")
+    if cfg.strategy == "hogwild" and cfg.backend == "nccl":
+        raise PartrainError("hogwild shares weights in host memory: run it with --backend gloo")
+    if cfg.pipeline_schedule == "interleaved-1f1b" and cfg.num_microbatches % cfg.dims.pp:
+        raise PartrainError(
+            f"interleaved-1f1b needs micro-batches in multiples of the {cfg.dims.pp} pipeline workers, got {cfg.num_microbatches}"
+        )
+
+
+def worker_main(cfg: RunConfig, show_progress: bool) -> RunResult | None:
+    """Entry point of a spawned worker: its environment says which rank it is."""
+    try:
+        return train_worker(cfg, detect_launcher(), show_progress)
+    except PartrainError as err:
+        print(f"partrain: error: {err}", file=sys.stderr)
+        sys.exit(WORKER_ERROR_EXIT)
+
+
+def run_training(cfg: RunConfig, show_progress: bool = True) -> RunResult | None:
+    """Run ``cfg``; returns rank 0's result (None on the other ranks of a launched job)."""
+    info = detect_launcher()
+    if info.launched:
+        if info.world_size != cfg.workers:
+            raise PartrainError(
+                f"the {info.launcher} launch has {info.world_size} workers but --workers is {cfg.workers}: "
+                "leave --workers out under a launcher, or make them agree"
+            )
+        preflight(cfg)  # on every rank: each refuses alike, none waits for a peer that quit
+        return train_worker(cfg, info, show_progress)
+    preflight(cfg)
+    if cfg.workers == 1:
+        return train_worker(cfg, LaunchInfo("none"), show_progress)
+    results = spawn(worker_main, (cfg, show_progress), cfg.workers)
+    return results[0]

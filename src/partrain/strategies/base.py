@@ -1,0 +1,109 @@
+"""What the one training loop steps, whatever the strategy.
+
+A strategy turns a plain model into a ``Stepper``. The loop asks it three things: which
+rows of each global batch this worker loads (``rows``; ``loads_data`` is False for the
+middle stages of a pipeline), to take one optimizer step on them (``train_step``), and to
+score a batch of test rows (``eval_logits``). Losses and accuracy counts are reduced over
+the whole world once an epoch, not once a step, so reporting adds no synchronization to
+the hot path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from partrain.config import RunConfig
+from partrain.events import EventLog
+
+
+def make_optimizer(params, cfg: RunConfig) -> torch.optim.Optimizer:
+    params = list(params)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the batch (pipelines apply it per micro-batch and rescale)."""
+    return F.cross_entropy(logits, target)
+
+
+def shard_rows(global_batch: int, parts: int, index: int) -> slice:
+    """The contiguous rows of a global batch that replica ``index`` of ``parts`` takes."""
+    per = global_batch // parts
+    return slice(index * per, (index + 1) * per)
+
+
+class Stepper:
+    """One worker's share of a training step. Subclasses override ``_forward_backward``."""
+
+    has_loss = True  # does this worker compute the loss (False for non-last pipeline stages)
+    loads_data = True  # does this worker need the batch (False for middle pipeline stages)
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, rows: slice, events: EventLog):
+        self.module = module  # the (possibly wrapped) module this worker runs
+        self.optimizer = optimizer
+        self.rows = rows
+        self.events = events
+        self.steps = 0
+
+    def train_step(self, x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
+        """One optimizer step; returns this worker's detached loss (None without one)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._forward_backward(x, y)
+        with self.events.span("optimizer", step=self.steps):
+            self.optimizer.step()
+        self.after_step()
+        self.steps += 1
+        return loss
+
+    def _forward_backward(self, x, y) -> torch.Tensor | None:
+        with self.events.span("forward", step=self.steps):
+            loss = loss_fn(self.module(x), y)
+        with self.events.span("backward", step=self.steps):
+            loss.backward()
+        return loss.detach()
+
+    def after_step(self) -> None:
+        """Hook after each optimizer step (local SGD averages parameters here)."""
+
+    def end_epoch(self) -> None:
+        """Hook at the end of each epoch (local SGD may average here)."""
+
+    def eval_logits(self, x) -> torch.Tensor | None:
+        """Logits of this worker's rows in eval mode; None where no logits live (pipeline heads)."""
+        self.module.eval()
+        try:
+            return self._eval_forward(x)
+        finally:
+            self.module.train()
+
+    def _eval_forward(self, x):
+        return self.module(x)
+
+    def state_modules(self) -> nn.Module:
+        """The module whose state a checkpoint holds on this worker."""
+        return self.module
+
+
+def all_reduce_sum(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Sum a small CPU tensor over the whole world (identity in a world of one)."""
+    if not dist.is_initialized():
+        return t
+    moved = t.to(device)
+    dist.all_reduce(moved)
+    return moved.cpu()
+
+
+def world_mean_losses(stepper: Stepper, local: list[torch.Tensor | None], device: torch.device) -> torch.Tensor:
+    """Per-step loss averaged over the workers that computed one (one allreduce)."""
+    n = len(local)
+    buf = torch.zeros(n + 1, dtype=torch.float64)
+    if stepper.has_loss:
+        buf[:n] = torch.stack([loss.double().cpu() for loss in local]) if n else buf[:n]
+        buf[n] = 1.0
+    buf = all_reduce_sum(buf, device)
+    return buf[:n] / buf[n]

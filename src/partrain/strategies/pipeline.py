@@ -1,0 +1,137 @@
+"""Pipeline strategies on ``torch.distributed.pipelining``: model-parallel, gpipe, 1f1b, hybrid.
+
+The model's ordered blocks are cut into stages (``partition.py``); worker ``r`` of the
+pipeline group holds stage ``r`` (or stages ``r, r+P, ...`` for interleaved schedules)
+as a ``PipelineStage``, and a PyTorch schedule drives forwards, backwards and the
+activation send/recv between neighbours:
+
+- ``model-parallel``: ``ScheduleGPipe`` with one micro-batch: one stage busy at a time.
+- ``gpipe``: ``ScheduleGPipe``, all M forwards then all M backwards (Huang et al., 2019);
+  keeps M micro-batches of activations per stage.
+- ``1f1b``: ``Schedule1F1B`` (PipeDream-Flush; Narayanan et al., 2021): same bubble
+  (P-1)/(M+P-1), at most P micro-batches of activations in flight.
+- ``interleaved-1f1b``: ``ScheduleInterleaved1F1B`` with V stages per worker, bubble / V.
+- ``hybrid``: the same pipelines, each replicated dp times on a 2-D mesh; each stage is
+  wrapped in DDP over its replicas, which the stage syncs only on the last micro-batch.
+
+Each micro-batch loss is a mean and the schedules divide gradients by M
+(``scale_grads``), so a step equals the serial step on the whole batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
+
+from partrain.config import RunConfig
+from partrain.distributed.context import DistContext
+from partrain.events import EventLog
+from partrain.strategies.base import Stepper, loss_fn, make_optimizer, shard_rows
+from partrain.strategies.partition import Partition, partition
+
+SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
+
+
+class Recompute(nn.Module):
+    """Activation checkpointing of one block: keep its input, recompute inside backward.
+
+    Costs one extra forward of the block per backward; saves its internal activations.
+    """
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return checkpoint(self.block, x, use_reentrant=False)
+
+
+class TracedStage(PipelineStage):
+    """A ``PipelineStage`` that records a span per micro-batch forward and backward."""
+
+    def __init__(self, *args, events: EventLog, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.events = events
+
+    def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
+        with self.events.span("forward", stage=self.stage_index, mb=fwd_chunk_id):
+            return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+
+    def backward_one_chunk(self, bwd_chunk_id, *args, **kwargs):
+        with self.events.span("backward", stage=self.stage_index, mb=bwd_chunk_id):
+            return super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+
+
+class PipelineStepper(Stepper):
+    def __init__(self, stages, modules, schedule, optimizer, rows, events):
+        super().__init__(nn.ModuleList(modules), optimizer, rows, events)
+        self.stages = stages
+        self.schedule = schedule
+        self.is_first = any(s.is_first for s in stages)
+        self.has_loss = any(s.is_last for s in stages)
+        self.loads_data = self.is_first or self.has_loss
+        self.partition: Partition | None = None
+
+    def _forward_backward(self, x, y):
+        losses: list[torch.Tensor] = []
+        self.schedule.step(*([x] if self.is_first else []), target=y if self.has_loss else None, losses=losses)
+        return torch.stack(losses).mean().detach() if self.has_loss else None
+
+    def _eval_forward(self, x):
+        return self.schedule.eval(*([x] if self.is_first else []))
+
+
+def stage_module(blocks: list[nn.Module], recompute: bool) -> nn.Sequential:
+    return nn.Sequential(*[Recompute(b) if recompute else b for b in blocks])
+
+
+def choose_partition(blocks: list[nn.Module], n_stages: int, cfg: RunConfig, ctx: DistContext, sample) -> Partition:
+    """Rank 0 cuts (timing the blocks if balancing by time) and tells everyone else.
+
+    Timing on every rank could give different cuts on noisy machines; one decision,
+    broadcast, cannot.
+    """
+    box = [None]
+    if ctx.rank == 0:
+        box[0] = partition(blocks, n_stages, cfg.balance, cfg.split_points, sample)
+    if dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def parallelize_pipeline(
+    model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, ctx: DistContext, sample: torch.Tensor
+) -> PipelineStepper:
+    """model-parallel, gpipe, 1f1b and hybrid: ``cfg`` decides the schedule, M and (pp, dp)."""
+    pp, v = ctx.dims.pp, cfg.stages_per_worker
+    n_stages = pp * v
+    micro = cfg.num_microbatches
+    mb_sample = sample[: max(1, cfg.batch_size // ctx.dims.dp // micro)]
+    part = choose_partition(blocks, n_stages, cfg, ctx, mb_sample)
+    pp_group = ctx.group("pp")
+    stage_ids = [ctx.pp_rank + k * pp for k in range(v)]  # looped placement for interleaving
+    modules, stages = [], []
+    for s in stage_ids:
+        a, b = part.bounds[s]
+        module = stage_module(blocks[a:b], cfg.recompute).to(ctx.device)
+        if ctx.dims.dp > 1:  # hybrid: replicate this stage over the dp group
+            module = DistributedDataParallel(
+                module,
+                device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                process_group=ctx.group("dp"),
+                bucket_cap_mb=cfg.bucket_mb,
+            )
+        modules.append(module)
+        stages.append(TracedStage(module, s, n_stages, ctx.device, group=pp_group, events=ctx.events))
+    schedule_cls = SCHEDULE_CLASSES[cfg.pipeline_schedule]
+    schedule = schedule_cls(stages if v > 1 else stages[0], micro, loss_fn=loss_fn, scale_grads=True)
+    params = [p for m in modules for p in m.parameters()]
+    rows = shard_rows(cfg.batch_size, ctx.dims.dp, ctx.dp_rank)
+    stepper = PipelineStepper(stages, modules, schedule, make_optimizer(params, cfg), rows, ctx.events)
+    stepper.partition = part
+    return stepper
+

@@ -1,0 +1,15 @@
+"""Shared fixtures: the real offline datasets live in ../shared/data, next to the repository."""
+
+from pathlib import Path
+
+import pytest
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The real-data directory (MNIST, CIFAR-10 sample, OCR letters); skips the test if absent."""
+    if not DATA_DIR.is_dir():
+        pytest.skip(f"real data not found at {DATA_DIR}")
+    return DATA_DIR
