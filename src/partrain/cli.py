@@ -67,6 +67,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint", help="directory to write a checkpoint into after every epoch")
     g.add_argument("--resume", help="checkpoint directory to resume from")
     g.add_argument("--events", help="directory for per-rank event traces (timelines)")
+    g.add_argument("--save-model", help="file to write the trained model's full state_dict into (torch.save)")
     g.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -88,6 +89,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         stages_per_worker=args.stages_per_worker, recompute=args.recompute, balance=args.balance,
         split_points=args.split_points, bucket_mb=args.bucket_mb, average_every=args.average_every,
         threads=args.threads, timeout_s=args.timeout, checkpoint=args.checkpoint, resume=args.resume, events=args.events,
+        save_model=args.save_model,
     )
 
 

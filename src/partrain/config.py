@@ -100,6 +100,7 @@ class RunConfig:
     checkpoint: str | None = None  # directory to write checkpoints into
     resume: str | None = None  # directory to resume from
     events: str | None = None  # directory for per-rank event traces (timelines)
+    save_model: str | None = None  # file to write the trained model's full state_dict into
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:

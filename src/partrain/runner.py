@@ -10,7 +10,11 @@ data, unknown model) with one clear line, so a bad configuration never spawns an
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
+
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from partrain.config import RunConfig
 from partrain.data import dataset_spec, load_dataset
@@ -43,6 +47,7 @@ def preflight(cfg: RunConfig) -> None:
         )
 
 
+@record
 def worker_main(cfg: RunConfig, show_progress: bool) -> RunResult | None:
     """Entry point of a spawned worker: its environment says which rank it is."""
     try:
@@ -50,6 +55,9 @@ def worker_main(cfg: RunConfig, show_progress: bool) -> RunResult | None:
     except PartrainError as err:
         print(f"partrain: error: {err}", file=sys.stderr)
         sys.exit(WORKER_ERROR_EXIT)
+    except Exception:
+        print(f"partrain: worker rank {os.environ.get('RANK', '?')} crashed:\n{traceback.format_exc()}", file=sys.stderr)
+        raise
 
 
 def run_training(cfg: RunConfig, show_progress: bool = True) -> RunResult | None:

@@ -13,6 +13,7 @@ losses and accuracy are reduced once an epoch.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,7 +31,7 @@ from partrain.events import EventLog
 from partrain.models import build_model, count_parameters, model_blocks
 from partrain.progress import StepProgress
 from partrain.strategies import PARALLELIZE, Stepper
-from partrain.strategies.base import all_reduce_sum, world_mean_losses
+from partrain.strategies.base import all_reduce_sum, gather_model_state, world_mean_losses
 from partrain.strategies.partition import describe
 
 
@@ -175,7 +176,17 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool) 
                 }
                 checkpoint.save(cfg.checkpoint, stepper, ctx.rank, position, meta)
     result.peak_memory_bytes = peak_memory_bytes(ctx.device)
+    if cfg.save_model:
+        state = gather_model_state(model, stepper, ctx.dp_rank)
+        if ctx.rank == 0:
+            _save_atomic(state, cfg.save_model)
     return result
+
+
+def _save_atomic(obj, path: str) -> None:
+    tmp = f"{path}.tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
 
 
 def _to(batch, device):
@@ -198,7 +209,7 @@ def evaluate(stepper: Stepper, test_set, batch_size: int, device: torch.device) 
         idx[~valid] = 0
         idx, valid = idx[stepper.rows], valid[stepper.rows]
         x, y = _to(test_set.get(idx), device) if stepper.loads_data else (None, None)
-        logits = stepper.eval_logits(x)
+        logits = stepper.eval_logits(x, y)
         if logits is not None:
             logits, y = logits[valid.to(logits.device)], y[valid.to(y.device)]
             totals += torch.tensor(

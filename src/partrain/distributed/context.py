@@ -21,7 +21,7 @@ class DistContext:
     backend: str
     device: torch.device
     dims: ParallelDims
-    mesh: DeviceMesh | None  # 2-D ("pp", "dp"); None in a world of one
+    mesh: DeviceMesh | None  # ("pp", "dp", "shard"), shard of size 1; None in a world of one
     events: EventLog
 
     @property
@@ -50,7 +50,10 @@ class DistContext:
 
 
 def build_mesh(dims: ParallelDims, device: torch.device) -> DeviceMesh | None:
-    """A 2-D mesh, rank = pp_index * dp + dp_index: replicas of a stage are neighbours.
+    """The (pp, dp) grid, rank = pp_index * dp + dp_index: replicas of a stage are neighbours.
+
+    A third dimension "shard" of size 1 makes ``mesh["dp", "shard"]`` the 2-D
+    (replicate, shard) mesh on which ``fully_shard`` replicates instead of sharding.
 
     Keeping a stage's replicas on consecutive ranks puts the gradient allreduce (the
     bigger, per-step traffic) inside a node when dp divides the workers per node, and
@@ -58,4 +61,4 @@ def build_mesh(dims: ParallelDims, device: torch.device) -> DeviceMesh | None:
     """
     if dims.world_size == 1:
         return None
-    return init_device_mesh(device.type, (dims.pp, dims.dp), mesh_dim_names=("pp", "dp"))
+    return init_device_mesh(device.type, (dims.pp, dims.dp, 1), mesh_dim_names=("pp", "dp", "shard"))

@@ -13,7 +13,7 @@ import os
 import uuid
 from collections.abc import Callable
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from partrain.distributed.launch import free_port
@@ -29,7 +29,12 @@ class WorkerFailed(PartrainError):
 
 
 def spawn(entrypoint: Callable, args: tuple, nprocs: int, monitor_interval: float = 0.1) -> dict[int, object]:
-    """Run ``entrypoint(*args)`` in ``nprocs`` local workers; returns {rank: return value}."""
+    """Run ``entrypoint(*args)`` in ``nprocs`` local workers; returns {rank: return value}.
+
+    ``entrypoint`` must be a module-level function (workers are spawned, so it is pickled),
+    decorated with ``torch.distributed.elastic.multiprocessing.errors.record`` so that a
+    worker's exception reaches the error report.
+    """
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -42,10 +47,11 @@ def spawn(entrypoint: Callable, args: tuple, nprocs: int, monitor_interval: floa
         start_method="spawn",
     )
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.ERROR)  # the agent's INFO chatter is not for users
+        # the agent logs every failure at length; workers print their own traceback instead
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # workers set their own count at start
     try:
-        return elastic_launch(config, entrypoint=record(entrypoint))(*args)
+        return elastic_launch(config, entrypoint=entrypoint)(*args)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         if failure.exitcode == WORKER_ERROR_EXIT:

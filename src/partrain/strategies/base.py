@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -73,15 +74,15 @@ class Stepper:
     def end_epoch(self) -> None:
         """Hook at the end of each epoch (local SGD may average here)."""
 
-    def eval_logits(self, x) -> torch.Tensor | None:
-        """Logits of this worker's rows in eval mode; None where no logits live (pipeline heads)."""
+    def eval_logits(self, x, y) -> torch.Tensor | None:
+        """Logits of this worker's rows in eval mode; None where no logits live (early pipeline stages)."""
         self.module.eval()
         try:
-            return self._eval_forward(x)
+            return self._eval_forward(x, y)
         finally:
             self.module.train()
 
-    def _eval_forward(self, x):
+    def _eval_forward(self, x, y):
         return self.module(x)
 
     def state_modules(self) -> nn.Module:
@@ -107,3 +108,26 @@ def world_mean_losses(stepper: Stepper, local: list[torch.Tensor | None], device
         buf[n] = 1.0
     buf = all_reduce_sum(buf, device)
     return buf[:n] / buf[n]
+
+
+def gather_model_state(model: nn.Module, stepper: Stepper, dp_rank: int) -> dict[str, torch.Tensor] | None:
+    """The whole trained model's state_dict on rank 0 (None elsewhere), whatever the strategy.
+
+    Stages, wrappers and shards hold the very parameter objects of ``model``, so each
+    worker contributes the entries whose tensors it trains: a pipeline stage its blocks, a
+    sharded model its full tensors (``full_tensor`` all-gathers), a replica everything.
+    Replicas other than dp rank 0 add nothing, being copies.
+    """
+    mine = {id(t) for t in stepper.state_modules().state_dict(keep_vars=True).values()}
+    mine |= {id(p) for p in stepper.state_modules().parameters()}
+    local = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) in mine:
+            full = t.full_tensor() if isinstance(t, DTensor) else t  # collective for shards
+            if dp_rank == 0:
+                local[name] = full.detach().cpu().clone()
+    if not dist.is_initialized():
+        return local
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(local, parts, dst=0)
+    return {k: v for part in parts for k, v in part.items()} if parts is not None else None

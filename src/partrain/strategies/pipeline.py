@@ -11,8 +11,12 @@ activation send/recv between neighbours:
 - ``1f1b``: ``Schedule1F1B`` (PipeDream-Flush; Narayanan et al., 2021): same bubble
   (P-1)/(M+P-1), at most P micro-batches of activations in flight.
 - ``interleaved-1f1b``: ``ScheduleInterleaved1F1B`` with V stages per worker, bubble / V.
-- ``hybrid``: the same pipelines, each replicated dp times on a 2-D mesh; each stage is
-  wrapped in DDP over its replicas, which the stage syncs only on the last micro-batch.
+- ``hybrid``: the same pipelines, each replicated dp times on the (pp, dp) mesh. Each
+  stage is replicated over its dp group with ``fully_shard`` on a (replicate=dp, shard=1)
+  mesh: full parameters on every replica and one gradient allreduce per step, i.e. DDP's
+  semantics, through the data-parallel wrapper the pipelining runtime drives natively (it
+  syncs only after the last micro-batch's backward). DDP itself trips an internal reducer
+  assertion when a schedule runs several micro-batch forwards before their backwards.
 
 Each micro-batch loss is a mean and the schedules divide gradients by M
 (``scale_grads``), so a step equals the serial step on the whole batch.
@@ -24,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
-from torch.nn.parallel import DistributedDataParallel
+from torch.distributed.fsdp import fully_shard
 from torch.utils.checkpoint import checkpoint
 
 from partrain.config import RunConfig
@@ -81,8 +85,8 @@ class PipelineStepper(Stepper):
         self.schedule.step(*([x] if self.is_first else []), target=y if self.has_loss else None, losses=losses)
         return torch.stack(losses).mean().detach() if self.has_loss else None
 
-    def _eval_forward(self, x):
-        return self.schedule.eval(*([x] if self.is_first else []))
+    def _eval_forward(self, x, y):
+        return self.schedule.eval(*([x] if self.is_first else []), target=y if self.has_loss else None)
 
 
 def stage_module(blocks: list[nn.Module], recompute: bool) -> nn.Sequential:
@@ -118,13 +122,8 @@ def parallelize_pipeline(
     for s in stage_ids:
         a, b = part.bounds[s]
         module = stage_module(blocks[a:b], cfg.recompute).to(ctx.device)
-        if ctx.dims.dp > 1:  # hybrid: replicate this stage over the dp group
-            module = DistributedDataParallel(
-                module,
-                device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-                process_group=ctx.group("dp"),
-                bucket_cap_mb=cfg.bucket_mb,
-            )
+        if ctx.dims.dp > 1:  # hybrid: replicate this stage over its dp group
+            fully_shard(module, mesh=ctx.mesh["dp", "shard"], reshard_after_forward=False)
         modules.append(module)
         stages.append(TracedStage(module, s, n_stages, ctx.device, group=pp_group, events=ctx.events))
     schedule_cls = SCHEDULE_CLASSES[cfg.pipeline_schedule]
