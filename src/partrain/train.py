@@ -59,7 +59,8 @@ class RunResult:
     step_losses: list[float] = field(default_factory=list)  # global mean loss of every step
     step_seconds: list[float] = field(default_factory=list)  # rank 0's wall time of every step
     partition: str | None = None
-    peak_memory_bytes: int = 0
+    peak_memory_bytes: int = 0  # the largest over the workers
+    peak_memory_per_worker: list[int] = field(default_factory=list)
     version: str = __version__
 
     @property
@@ -175,7 +176,8 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool) 
                     "epochs": [asdict(e) for e in result.epochs],
                 }
                 checkpoint.save(cfg.checkpoint, stepper, ctx.rank, position, meta)
-    result.peak_memory_bytes = peak_memory_bytes(ctx.device)
+    result.peak_memory_per_worker = _gather_ints(peak_memory_bytes(ctx.device))
+    result.peak_memory_bytes = max(result.peak_memory_per_worker)
     if cfg.save_model:
         state = gather_model_state(model, stepper, ctx.dp_rank)
         if ctx.rank == 0:
@@ -187,6 +189,14 @@ def _save_atomic(obj, path: str) -> None:
     tmp = f"{path}.tmp"
     torch.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def _gather_ints(value: int) -> list[int]:
+    if not dist.is_initialized():
+        return [value]
+    out = [0] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
 
 
 def _to(batch, device):

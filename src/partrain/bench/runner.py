@@ -1,0 +1,308 @@
+"""Running benchmark cells for real: each in fresh worker processes, under a timeout.
+
+A cell runs as ``python -m partrain train ... --json --quiet`` in its own session (process
+group), so that
+
+- every cell starts from cold processes: nothing one cell allocated, compiled or cached
+  skews the next, and a crash or an out-of-memory kill takes down only that cell;
+- on timeout the whole group (the launcher and its workers) is killed at once;
+- if the runner itself is killed, the cell's launcher gets SIGKILL too (Linux
+  ``PR_SET_PDEATHSIG``), and its workers stop when they lose their launcher, so no orphan
+  keeps eating the cores the next run measures on.
+
+The price is a process start per cell (about 2 s to import torch, and the elastic launcher
+and data loading per worker), which is why step times are taken from the training loop's
+own per-step clock after warm-up, never from the process's wall time.
+
+Output goes to temporary files, not pipes: a long run's JSON line can exceed a pipe's
+buffer, and polling a file needs no reader thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+from rich.console import Console
+from rich.text import Text
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from partrain.bench.hardware import fingerprint, git_commit
+from partrain.bench.store import Outcome, Store
+from partrain.bench.suite import Cell, Suite
+from partrain.config import RunConfig
+from partrain.data import dataset_spec
+from partrain.errors import PartrainError
+
+POLL_S = 0.5  # how often a running cell is checked for exit and timeout, and the bar redrawn
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+_EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b.*")
+
+
+def run_suite(suite: Suite, store: Store, *, force: bool = False, data_dir: str | None = None,
+              show_progress: bool = True) -> list[str]:
+    """Measure every cell of ``suite`` into ``store``; returns the cells' keys in suite order."""
+    return run_cells(suite.cells(), store, suite_name=suite.name, data_dir=data_dir or suite.data_dir,
+                     timeout=suite.timeout, force=force, show_progress=show_progress)
+
+
+def run_cells(cells: list[Cell], store: Store, *, suite_name: str, data_dir: str | None, timeout: float,
+              force: bool = False, show_progress: bool = True) -> list[str]:
+    """Measure ``cells`` one after the other, storing each as soon as it finished.
+
+    A cell already measured (status ok) on this hardware is not run again unless ``force``;
+    a cell that cannot run is stored as skipped, one that crashes or times out as failed or
+    timeout, and the next cell goes on. Returns the cells' keys, in order.
+    """
+    hardware, commit = fingerprint(), git_commit()
+    keys = []
+    with CellProgress(len(cells), show_progress) as progress:
+        for cell in cells:
+            key = cell.key(hardware.hash)
+            keys.append(key)
+            progress.begin(cell)
+            if not force and store.measured(key):
+                progress.end(cell, None)
+                continue
+            outcome = measure(cell, data_dir, timeout, progress.refresh)
+            store.record(cell, hardware, outcome, suite_name, commit)
+            progress.end(cell, outcome)
+    return keys
+
+
+def measure(cell: Cell, data_dir: str | None, timeout: float, tick: Callable[[], None] = lambda: None) -> Outcome:
+    """Check the cell, run it in fresh processes, and turn what it reported into figures."""
+    started = _now()
+    try:
+        cfg = check_cell(cell, data_dir, timeout)
+    except PartrainError as err:
+        return Outcome("skipped", str(err), started_at=started, finished_at=_now())
+    except Exception as err:  # a user's model factory that raises: the cell fails, the suite goes on
+        return Outcome("failed", f"{type(err).__name__}: {err}", started_at=started, finished_at=_now())
+    t0 = time.perf_counter()
+    status, reason, result = run_process(train_command(cfg), timeout, tick)
+    # the defaults the run resolved (pipeline stages, replicas, micro-batches) are stored with it
+    resolved = {"pp": cfg.dims.pp, "dp": cfg.dims.dp, "microbatches": cfg.num_microbatches if cfg.pipeline_schedule else None}
+    outcome = Outcome(status, reason, config={**cfg.to_dict(), "resolved": resolved}, started_at=started,
+                      finished_at=_now(), wall_seconds=time.perf_counter() - t0)
+    if result is not None:
+        outcome.figures = figures(cell, result)
+    return outcome
+
+
+def check_cell(cell: Cell, data_dir: str | None, timeout: float) -> RunConfig:
+    """The cell's ``RunConfig`` if it can run here; else ``PartrainError`` with the reason.
+
+    The same checks as ``partrain train``: ``RunConfig`` validation (workers, batch
+    divisibility, micro-batches) and the launcher's preflight (data present, pipeline
+    stages <= model blocks). One check more: a pipeline on one worker is serial training
+    through the pipeline machinery, measured already by the serial cell.
+    """
+    from partrain.runner import preflight
+
+    cfg = cell.run_config(data_dir, timeout)
+    if cfg.kind == "pipeline" and cfg.workers == 1:
+        raise PartrainError(f"a {cfg.strategy} pipeline needs 2 or more workers; on one worker it is serial")
+    preflight(cfg)
+    return cfg
+
+
+def train_command(cfg: RunConfig) -> list[str]:
+    """``python -m partrain train`` with ``cfg``'s settings (the fields a cell sets)."""
+    cmd = [sys.executable, "-m", "partrain", "train", "--model", cfg.model, "--dataset", cfg.dataset,
+           "--strategy", cfg.strategy, "--workers", str(cfg.workers), "--batch-size", str(cfg.batch_size),
+           "--lr", repr(cfg.lr), "--seed", str(cfg.seed), "--epochs", str(cfg.epochs),
+           "--timeout", f"{cfg.timeout_s:g}", "--json", "--quiet"]
+    optional = {"--data-dir": cfg.data_dir, "--steps": cfg.steps, "--limit": cfg.limit, "--eval-limit": cfg.eval_limit,
+                "--microbatches": cfg.microbatches, "--threads": cfg.threads}
+    for flag, value in optional.items():
+        if value is not None:
+            cmd += [flag, str(value)]
+    if cfg.synthetic:
+        cmd.append("--synthetic")
+    if not cfg.evaluate:
+        cmd.append("--no-eval")
+    return cmd
+
+
+def run_process(cmd: list[str], timeout: float, tick: Callable[[], None]) -> tuple[str, str | None, dict | None]:
+    """Run ``cmd`` in a new session; returns (status, reason, the JSON result or None)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + timeout
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                tick()
+                try:
+                    proc.wait(POLL_S)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            timed_out = proc.poll() is None
+            _kill_group(proc)  # on timeout the launcher and its workers; else any straggler
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if timed_out:
+        return "timeout", f"no result within the {timeout:g} s cell timeout; the cell's processes were killed", None
+    if proc.returncode != 0:
+        return "failed", failure_reason(stderr, proc.returncode), None
+    try:
+        return "ok", None, json.loads(stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return "failed", f"exit status 0 but no JSON result on stdout: {stdout.strip()[-200:]!r}", None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: be SIGKILLed when the runner dies (Linux; elsewhere a no-op)."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group has already exited
+        pass
+    proc.wait()
+
+
+def failure_reason(stderr: str, returncode: int) -> str:
+    """One line saying why a cell failed: the last line of its stderr, made specific.
+
+    A multi-worker run ends with the launcher's "worker rank N stopped on an error (above)";
+    the exception it points to is added. A process killed by a signal says which, and
+    SIGKILL from nobody we know of is most likely the kernel's out-of-memory killer.
+    """
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        hint = " (out of memory?)" if -returncode == signal.SIGKILL else ""
+        return f"killed by {name}{hint}" + (f": {lines[-1]}" if lines else "")
+    if not lines:
+        return f"exit status {returncode}, nothing on stderr"
+    reason = lines[-1]
+    if reason.endswith("(above)"):
+        cause = next((line for line in reversed(lines[:-1]) if _EXCEPTION_LINE.match(line)), None)
+        if cause:
+            reason = f"{reason}: {cause}"
+    if "SIGKILL" in reason:
+        reason += " (out of memory?)"
+    return reason[:500]
+
+
+def figures(cell: Cell, result: dict) -> dict:
+    """The stored figures of a finished run (``RunResult.to_dict()``).
+
+    Step times drop the first ``warmup_steps`` (allocation, first-touch, the pipeline's
+    shape inference). Seconds per epoch are measured when the cell ran whole epochs; in
+    steps mode they are extrapolated, the thesis's method: median step time times the steps
+    in one epoch of the complete dataset (or of ``limit`` samples).
+    """
+    seconds = result["step_seconds"]
+    steady = seconds[cell.warmup_steps:] or seconds
+    median = statistics.median(steady)
+    p10, p90 = (statistics.quantiles(steady, n=10, method="inclusive")[i] for i in (0, 8)) if len(steady) > 1 else (median, median)
+    if cell.steps is None:
+        epochs = result["epochs"]
+        per_epoch = statistics.fmean(e["seconds"] for e in epochs)
+        epoch_samples = epochs[0]["steps"] * cell.batch_size
+        accuracy = epochs[-1]["test_accuracy"]
+    else:
+        samples = min(dataset_spec(cell.dataset).train_size, cell.limit or sys.maxsize)
+        epoch_samples = samples // cell.batch_size * cell.batch_size
+        per_epoch = median * (samples // cell.batch_size)
+        accuracy = None
+    per_worker = result.get("peak_memory_per_worker") or [result["peak_memory_bytes"]]
+    return {
+        "steps_run": len(result["step_losses"]),
+        "measured_steps": len(steady),
+        "step_seconds_median": median,
+        "step_seconds_p10": p10,
+        "step_seconds_p90": p90,
+        "seconds_per_epoch": per_epoch,
+        "epoch_extrapolated": int(cell.steps is not None),
+        "epoch_samples": epoch_samples,
+        "samples_per_s": cell.batch_size / median,
+        "peak_memory_bytes": max(per_worker),
+        "peak_memory_per_worker": per_worker,
+        "test_accuracy": accuracy,
+        "final_loss": result["step_losses"][-1] if result["step_losses"] else None,
+    }
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class CellProgress:
+    """One bar over the cells, with an ETA and the current cell, on stderr; a line per cell.
+
+    Redrawn by hand (``refresh``, from the runner's poll loop) rather than by rich's
+    refresh thread: the runner forks cell processes, and forking while another thread
+    holds a lock is how a child deadlocks.
+    """
+
+    _STYLE = {"ok": "green", "skipped": "yellow", "failed": "red", "timeout": "red", "measured": "dim"}
+
+    def __init__(self, total: int, enabled: bool):
+        self.enabled = enabled
+        self.counts: dict[str, int] = {}
+        self.console = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.bar = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("ETA"), TimeRemainingColumn(), console=self.console, auto_refresh=False,
+            speed_estimate_period=24 * 3600,  # the ETA from the mean time per cell so far, not the last few
+        )
+        self.task = self.bar.add_task("cells", total=total)
+
+    def __enter__(self) -> CellProgress:
+        if self.enabled:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.enabled:
+            return
+        self.bar.stop()
+        summary = ", ".join(f"{n} {status}" for status, n in self.counts.items())
+        self.console.print(f"{self.bar.tasks[0].completed:.0f} cells: {summary}")
+
+    def begin(self, cell: Cell) -> None:
+        if self.enabled:
+            self.bar.update(self.task, description=cell.label)
+            self.bar.refresh()
+
+    def refresh(self) -> None:
+        if self.enabled:
+            self.bar.refresh()
+
+    def end(self, cell: Cell, outcome: Outcome | None) -> None:
+        """``outcome`` None: the cell was measured before and not run again."""
+        status = outcome.status if outcome else "measured"
+        self.counts[status] = self.counts.get(status, 0) + 1
+        if not self.enabled:
+            return
+        if outcome is None:
+            detail = "measured before (--force runs it again)"
+        elif outcome.status == "ok":
+            f = outcome.figures
+            mark = " (extrapolated)" if f["epoch_extrapolated"] else ""
+            detail = f"{f['step_seconds_median'] * 1e3:.2f} ms/step, {f['seconds_per_epoch']:.1f} s/epoch{mark}"
+        else:
+            detail = outcome.reason or ""
+        self.console.print(Text.assemble((f"{status:<8}", self._STYLE[status]), f" {cell.label}: {detail}"))
+        self.bar.advance(self.task)
+        self.bar.refresh()

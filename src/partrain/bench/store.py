@@ -1,0 +1,234 @@
+"""The results store: one SQLite table, one row per benchmark cell on one machine.
+
+Why SQLite: it ships with Python, one file holds every result, and its transactions make
+the store safe to kill. The database runs in WAL mode and every cell is written in one
+transaction after the cell finished, so killing the runner at any moment loses at most
+the cell in flight; the file is never half-written. A concurrent reader (``partrain
+results`` while a suite runs) sees the cells committed so far.
+
+A row is keyed by ``cell_key``: the hash of the normalized cell configuration, the
+hardware fingerprint's hash and the repeat index (``Cell.key``). Running a cell again
+(after a failure, or with ``--force``) replaces its row, so the store holds the latest
+run of every cell and a resumed suite has every cell exactly once.
+
+Speedup and efficiency are not stored: they are computed when the rows are read
+(``with_speedup``), against the serial rows that share the cell's ``baseline_key``, so
+they do not depend on the order in which the cells ran and stay right when a serial
+baseline is measured again.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sqlite3
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO
+
+from partrain import __version__
+from partrain.bench.hardware import Hardware
+from partrain.bench.suite import Cell
+from partrain.errors import PartrainError
+
+STORE_ENV = "PARTRAIN_STORE"
+DEFAULT_STORE = Path("~/.partrain/results.sqlite")
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "skipped", "failed", "timeout")
+
+# (column, SQL type, meaning). The order is the order of every export.
+COLUMNS: list[tuple[str, str, str]] = [
+    ("id", "INTEGER PRIMARY KEY", "row id, in the order cells were first stored"),
+    ("cell_key", "TEXT NOT NULL UNIQUE", "hash of the normalized cell, the hardware hash and the repeat"),
+    ("baseline_key", "TEXT NOT NULL", "shared with the serial cells this cell's speedup is measured against"),
+    ("suite", "TEXT", "the suite or scaling study that ran the cell"),
+    ("model", "TEXT NOT NULL", ""),
+    ("dataset", "TEXT NOT NULL", ""),
+    ("strategy", "TEXT NOT NULL", ""),
+    ("workers", "INTEGER NOT NULL", ""),
+    ("batch_size", "INTEGER NOT NULL", "global batch"),
+    ("microbatches", "INTEGER", "pipelines: micro-batches per batch, the default resolved when the cell ran"),
+    ("lr", "REAL NOT NULL", ""),
+    ("repeat", "INTEGER NOT NULL", "repeat index, 0-based"),
+    ("synthetic", "INTEGER NOT NULL", "1: generated data"),
+    ("warmup_steps", "INTEGER NOT NULL", "steps left out of the step-time statistics"),
+    ("steps", "INTEGER", "measured steps after warm-up (steps mode)"),
+    ("epochs", "INTEGER", "whole epochs (epochs mode)"),
+    ("limit_samples", "INTEGER", "trained on the first N samples only"),
+    ("threads", "INTEGER", "intra-op threads per worker"),
+    ("config", "TEXT NOT NULL", "JSON: the full cell and RunConfig"),
+    ("status", "TEXT NOT NULL", "ok | skipped | failed | timeout"),
+    ("reason", "TEXT", "why a cell was skipped or failed"),
+    ("steps_run", "INTEGER", "optimizer steps taken, warm-up included"),
+    ("measured_steps", "INTEGER", "steps in the step-time statistics"),
+    ("step_seconds_median", "REAL", "rank 0's wall time per step after warm-up"),
+    ("step_seconds_p10", "REAL", ""),
+    ("step_seconds_p90", "REAL", ""),
+    ("seconds_per_epoch", "REAL", "measured over whole epochs, or extrapolated"),
+    ("epoch_extrapolated", "INTEGER", "1: median step time x steps in a full epoch"),
+    ("epoch_samples", "INTEGER", "samples in the epoch of seconds_per_epoch"),
+    ("samples_per_s", "REAL", "global batch / median step time"),
+    ("peak_memory_bytes", "INTEGER", "the largest peak over the workers (RSS on CPU, allocator peak on GPU)"),
+    ("peak_memory_per_worker", "TEXT", "JSON list, by rank"),
+    ("test_accuracy", "REAL", "after the last whole epoch (epochs mode only)"),
+    ("final_loss", "REAL", "training loss of the last step"),
+    ("wall_seconds", "REAL", "the cell's process, start to exit"),
+    ("hardware_hash", "TEXT NOT NULL", ""),
+    ("cpu_model", "TEXT", ""),
+    ("cpu_cores", "INTEGER", ""),
+    ("memory_gib", "INTEGER", ""),
+    ("gpu", "TEXT", ""),
+    ("gpu_count", "INTEGER", ""),
+    ("backend", "TEXT", "default collective backend of the machine"),
+    ("torch_version", "TEXT", ""),
+    ("partrain_version", "TEXT", ""),
+    ("git_commit", "TEXT", "None when partrain is not a git checkout"),
+    ("started_at", "TEXT", "UTC, ISO 8601"),
+    ("finished_at", "TEXT", "UTC, ISO 8601"),
+]
+COLUMN_NAMES = [name for name, _, _ in COLUMNS]
+COMPUTED = ["speedup", "efficiency"]  # added by with_speedup when rows are read
+_JSON_COLUMNS = ("config", "peak_memory_per_worker")
+
+
+@dataclass
+class Outcome:
+    """How one cell went: its status, the figures measured, and when."""
+
+    status: str
+    reason: str | None = None
+    figures: dict = field(default_factory=dict)  # measured columns, see runner.figures
+    config: dict = field(default_factory=dict)  # RunConfig.to_dict() plus "resolved": pp, dp, microbatches
+    started_at: str | None = None
+    finished_at: str | None = None
+    wall_seconds: float | None = None
+
+
+def default_store_path() -> Path:
+    """``$PARTRAIN_STORE``, else ``~/.partrain/results.sqlite``: one store per user, across projects."""
+    return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE).expanduser()
+
+
+class Store:
+    """The results store at ``path``, created on first use (``create=False`` to only read one)."""
+
+    def __init__(self, path: str | os.PathLike | None = None, create: bool = True):
+        self.path = Path(path).expanduser() if path is not None else default_store_path()
+        if not create and not self.path.is_file():
+            raise PartrainError(f"no results store at {self.path}: run `partrain bench` first, or pass --store PATH")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(self.path, timeout=30)
+            self.db.row_factory = sqlite3.Row
+            self._prepare()
+        except sqlite3.DatabaseError as err:
+            raise PartrainError(f"results store {self.path} cannot be opened: {err}") from None
+
+    def _prepare(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        tables = self.db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'cells'").fetchone()[0]
+        if tables and version != SCHEMA_VERSION:
+            raise PartrainError(
+                f"results store {self.path} has schema version {version}, this partrain uses {SCHEMA_VERSION}: "
+                "pass another --store"
+            )
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a killed process
+        with self.db:
+            columns = ",\n  ".join(f'"{name}" {sql}' for name, sql, _ in COLUMNS)
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS cells (\n  {columns}\n)")
+            self.db.execute("CREATE INDEX IF NOT EXISTS cells_by_config ON cells(model, dataset, strategy, workers, batch_size)")
+            self.db.execute("CREATE INDEX IF NOT EXISTS cells_by_baseline ON cells(baseline_key)")
+            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def measured(self, cell_key: str) -> bool:
+        """Whether the cell already has a successful run in the store."""
+        row = self.db.execute("SELECT 1 FROM cells WHERE cell_key = ? AND status = 'ok'", (cell_key,)).fetchone()
+        return row is not None
+
+    def record(self, cell: Cell, hardware: Hardware, outcome: Outcome, suite: str, git_commit: str | None) -> None:
+        """Store one cell's run in one transaction, replacing an earlier run of the same cell."""
+        if outcome.status not in STATUSES:
+            raise ValueError(f"status {outcome.status!r} is not one of {STATUSES}")
+        row = {
+            "cell_key": cell.key(hardware.hash), "baseline_key": cell.baseline_key(hardware.hash), "suite": suite,
+            "model": cell.model, "dataset": cell.dataset, "strategy": cell.strategy, "workers": cell.workers,
+            "batch_size": cell.batch_size,
+            "microbatches": outcome.config.get("resolved", {}).get("microbatches", cell.microbatches), "lr": cell.lr, "repeat": cell.repeat,
+            "synthetic": int(cell.synthetic), "warmup_steps": cell.warmup_steps, "steps": cell.steps,
+            "epochs": cell.epochs, "limit_samples": cell.limit, "threads": cell.threads,
+            "config": json.dumps({"cell": asdict(cell), "run": outcome.config}, sort_keys=True),
+            "status": outcome.status, "reason": outcome.reason, **outcome.figures,
+            "wall_seconds": outcome.wall_seconds, "hardware_hash": hardware.hash, **asdict(hardware),
+            "partrain_version": __version__, "git_commit": git_commit,
+            "started_at": outcome.started_at, "finished_at": outcome.finished_at,
+        }
+        if isinstance(row.get("peak_memory_per_worker"), list):
+            row["peak_memory_per_worker"] = json.dumps(row["peak_memory_per_worker"])
+        unknown = set(row) - set(COLUMN_NAMES)
+        if unknown:
+            raise ValueError(f"not columns of the store: {sorted(unknown)}")
+        names = ", ".join(f'"{n}"' for n in row)
+        updates = ", ".join(f'"{n}" = excluded."{n}"' for n in row if n != "cell_key")
+        with self.db:  # one transaction: the whole row or nothing
+            self.db.execute(
+                f"INSERT INTO cells ({names}) VALUES ({', '.join('?' * len(row))}) "
+                f"ON CONFLICT(cell_key) DO UPDATE SET {updates}",
+                list(row.values()),
+            )
+
+    def rows(self, cell_keys: list[str] | None = None) -> list[dict]:
+        """Every row (or those of ``cell_keys``) in store order, with speedup and efficiency."""
+        rows = [dict(r) for r in self.db.execute("SELECT * FROM cells ORDER BY id")]
+        with_speedup(rows)
+        if cell_keys is not None:
+            wanted = set(cell_keys)
+            rows = [r for r in rows if r["cell_key"] in wanted]
+        return rows
+
+
+def with_speedup(rows: list[dict]) -> list[dict]:
+    """Add ``speedup`` and ``efficiency`` to each row, in place; returns ``rows``.
+
+    speedup = median seconds per epoch of the ``ok`` serial rows with the same baseline key
+    (same model, dataset, global batch, lr, data, threads per worker, steps or epochs, and
+    hardware), divided by the row's seconds per epoch; efficiency = speedup / workers. None
+    when the row did not run or no matching serial row did.
+    """
+    serial: dict[str, list[float]] = {}
+    for r in rows:
+        if r["strategy"] == "serial" and r["status"] == "ok" and r["seconds_per_epoch"]:
+            serial.setdefault(r["baseline_key"], []).append(r["seconds_per_epoch"])
+    for r in rows:
+        base = serial.get(r["baseline_key"])
+        if r["status"] == "ok" and base and r["seconds_per_epoch"]:
+            r["speedup"] = statistics.median(base) / r["seconds_per_epoch"]
+            r["efficiency"] = r["speedup"] / r["workers"]
+        else:
+            r["speedup"] = r["efficiency"] = None
+    return rows
+
+
+def export_csv(rows: list[dict], out: IO[str]) -> None:
+    """Every stored column plus speedup and efficiency; JSON columns stay JSON text."""
+    writer = csv.DictWriter(out, fieldnames=COLUMN_NAMES + COMPUTED, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def export_json(rows: list[dict], out: IO[str]) -> None:
+    """A JSON array of rows: every stored column plus speedup and efficiency, JSON columns decoded."""
+    decoded = [{k: (json.loads(v) if k in _JSON_COLUMNS and v is not None else v) for k, v in r.items()} for r in rows]
+    json.dump(decoded, out, indent=1)
+    out.write("\n")

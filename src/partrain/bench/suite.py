@@ -1,0 +1,325 @@
+"""Benchmark suites: a matrix of configurations read from TOML, expanded into cells.
+
+A suite file lists the axes of the matrix and how much of each run to measure::
+
+    name = "quick"
+    models = ["mlp", "cnn"]          # zoo names, or package.module:factory
+    datasets = ["mnist"]
+    strategies = ["serial", "ddp", "gpipe", "1f1b"]
+    workers = [1, 2]
+    batch_sizes = [64]               # global batch
+    microbatches = [4]               # pipelines only (default: 2 x stages)
+    lrs = [0.01]
+    repeats = 1
+    warmup_steps = 5                 # dropped from the step-time statistics
+    steps = 30                       # measured steps after warm-up ... or: epochs = 1
+    synthetic = false                # generated data (implied for imagenet and highres)
+    limit = 6000                     # train on the first N samples only
+    eval_limit = 1000                # epochs mode: evaluate on the first N test samples
+    threads = 1                      # intra-op threads per worker
+    seed = 0
+    timeout = 600                    # seconds per cell, process start to exit
+    data_dir = "/data"               # default: --data-dir, else $PARTRAIN_DATA_DIR
+
+Every key but ``models`` is optional; a list key also takes a single value. The matrix is
+the product of models x datasets x strategies x workers x batch sizes x micro-batches x lrs
+x repeats, with one exception: micro-batches multiply pipeline strategies only (a data
+parallel run has no micro-batches, so it is one cell, not one per value).
+
+A suite is validated completely when it is read -- unknown keys, wrong types, unknown
+models, datasets and strategies are one ``PartrainError`` -- so a bad file never starts a
+run or touches the results store. Whether a *cell* can run (serial on 2 workers, more
+pipeline stages than blocks, a batch that does not divide) is decided per cell by the
+runner, and such a cell is stored as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from partrain.config import STRATEGIES, RunConfig
+from partrain.data import dataset_spec
+from partrain.errors import PartrainError
+from partrain.models import list_models
+
+# The quick suite: a few minutes on a 2-core laptop. suites/quick.toml is the same suite as a
+# file (a test keeps the two equal), the example to copy for your own.
+QUICK = {
+    "name": "quick",
+    "description": "mlp and cnn on MNIST: serial, ddp and the two pipeline schedules on 1-2 workers",
+    "models": ["mlp", "cnn"],
+    "datasets": ["mnist"],
+    "strategies": ["serial", "ddp", "gpipe", "1f1b"],
+    "workers": [1, 2],
+    "batch_sizes": [64],
+    "lrs": [0.01],
+    "warmup_steps": 5,
+    "steps": 30,
+    "threads": 1,
+    "timeout": 300,
+}
+
+THESIS_MODELS = ["resnet18", "resnet50", "resnet152", "vgg11", "vgg16", "mobilenetv2"]
+THESIS_DATASETS = ["mnist", "cifar10", "imagenet", "highres"]  # the last two are generated data
+BUILTIN_SUITES = ("quick", "thesis")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One configuration of the matrix: what one benchmark run measures.
+
+    Normalized (micro-batches resolved to the number a pipeline really uses, ``synthetic``
+    true for generated-only datasets), so that two spellings of the same run share a key.
+    """
+
+    model: str
+    dataset: str
+    strategy: str
+    workers: int
+    batch_size: int
+    microbatches: int | None
+    lr: float
+    repeat: int = 0
+    synthetic: bool = False
+    warmup_steps: int = 5
+    steps: int | None = 20  # measured steps after warm-up; None: whole epochs
+    epochs: int | None = None
+    limit: int | None = None
+    eval_limit: int | None = None
+    threads: int = 1
+    seed: int = 0
+
+    @property
+    def label(self) -> str:
+        parts = [f"{self.model}/{self.dataset}", f"{self.strategy} x{self.workers}", f"b{self.batch_size}"]
+        if self.microbatches:
+            parts.append(f"mb{self.microbatches}")
+        parts.append(f"lr{self.lr:g}")
+        if self.repeat:
+            parts.append(f"#{self.repeat}")
+        return " ".join(parts)
+
+    def identity(self) -> dict:
+        """Everything that makes a measurement differ, without the repeat index."""
+        fields = dataclasses.asdict(self)
+        del fields["repeat"]
+        return fields
+
+    def key(self, hardware_hash: str) -> str:
+        """The cell's identity in the store: its configuration, this hardware, the repeat index."""
+        return _digest({**self.identity(), "repeat": self.repeat, "hardware": hardware_hash})
+
+    def baseline_key(self, hardware_hash: str) -> str:
+        """Shared by this cell and the serial runs it is compared against: the same job, minus
+        how it is parallelized (strategy, workers, micro-batches), on the same hardware."""
+        fields = self.identity()
+        for name in ("strategy", "workers", "microbatches"):
+            del fields[name]
+        return _digest({**fields, "hardware": hardware_hash})
+
+    def run_config(self, data_dir: str | None, timeout: float) -> RunConfig:
+        """The ``RunConfig`` the cell trains with; raises ``PartrainError`` if it cannot run.
+
+        In steps mode ``epochs`` is only an upper bound (every epoch has at least one step),
+        so ``steps`` alone decides how long the run is, whatever the dataset's length; the
+        test split is not evaluated, as accuracy after part of an epoch is not comparable.
+        """
+        total = None if self.steps is None else self.warmup_steps + self.steps
+        return RunConfig(
+            model=self.model, dataset=self.dataset, data_dir=data_dir, synthetic=self.synthetic,
+            epochs=self.epochs or total, steps=total, limit=self.limit, eval_limit=self.eval_limit,
+            evaluate=self.steps is None, batch_size=self.batch_size, lr=self.lr, seed=self.seed,
+            strategy=self.strategy, workers=self.workers, microbatches=self.microbatches,
+            threads=self.threads, timeout_s=min(timeout, 300.0),
+        )
+
+
+def _digest(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A validated suite: the axes of the matrix and how much of each cell to run."""
+
+    name: str
+    models: tuple[str, ...]
+    description: str = ""
+    datasets: tuple[str, ...] = ("mnist",)
+    strategies: tuple[str, ...] = ("serial",)
+    workers: tuple[int, ...] = (1,)
+    batch_sizes: tuple[int, ...] = (64,)
+    microbatches: tuple[int, ...] = ()  # empty: the strategy's default (2 x stages)
+    lrs: tuple[float, ...] = (0.01,)
+    repeats: int = 1
+    warmup_steps: int = 5
+    steps: int | None = 20
+    epochs: int | None = None
+    synthetic: bool = False
+    limit: int | None = None
+    eval_limit: int | None = None
+    threads: int = 1
+    seed: int = 0
+    timeout: float = 600.0
+    data_dir: str | None = None
+
+    def cells(self) -> list[Cell]:
+        """The matrix, in a stable order (the order the runner measures it)."""
+        cells = []
+        for model in self.models:
+            for dataset in self.datasets:
+                synthetic = self.synthetic or dataset_spec(dataset).synthetic_only
+                for batch in self.batch_sizes:
+                    for lr in self.lrs:
+                        for strategy in self.strategies:
+                            pipelined = STRATEGIES[strategy][0] in ("pipeline", "hybrid") and strategy != "model-parallel"
+                            for workers in self.workers:
+                                for mb in (self.microbatches or (None,)) if pipelined else (None,):
+                                    for repeat in range(self.repeats):
+                                        cells.append(Cell(
+                                            model, dataset, strategy, workers, batch, mb, lr, repeat, synthetic,
+                                            self.warmup_steps, self.steps, self.epochs, self.limit,
+                                            self.eval_limit, self.threads, self.seed,
+                                        ))
+        return cells
+
+    def replace(self, **changes) -> Suite:
+        """A copy with some settings changed and validated again (tests shrink suites this way)."""
+        fields = {**dataclasses.asdict(self), **changes}
+        for given, other in (("epochs", "steps"), ("steps", "epochs")):
+            if given in changes and other not in changes:
+                fields[other] = None
+        return suite_from_dict({k: v for k, v in fields.items() if v not in (None, ())}, f"suite {self.name!r}")
+
+
+# key -> (type of the value or of each element, a list?, check, what the check requires)
+_POSITIVE = (lambda v: v >= 1, "at least 1")
+_SCHEMA: dict[str, tuple[type | tuple, bool, tuple | None]] = {
+    "name": (str, False, None),
+    "description": (str, False, None),
+    "models": (str, True, None),
+    "datasets": (str, True, None),
+    "strategies": (str, True, None),
+    "workers": (int, True, _POSITIVE),
+    "batch_sizes": (int, True, _POSITIVE),
+    "microbatches": (int, True, _POSITIVE),
+    "lrs": ((int, float), True, (lambda v: v > 0, "positive")),
+    "repeats": (int, False, _POSITIVE),
+    "warmup_steps": (int, False, (lambda v: v >= 0, "0 or more")),
+    "steps": (int, False, _POSITIVE),
+    "epochs": (int, False, _POSITIVE),
+    "synthetic": (bool, False, None),
+    "limit": (int, False, _POSITIVE),
+    "eval_limit": (int, False, _POSITIVE),
+    "threads": (int, False, _POSITIVE),
+    "seed": (int, False, None),
+    "timeout": ((int, float), False, (lambda v: v > 0, "positive")),
+    "data_dir": (str, False, None),
+}
+
+
+def _check_value(source: str, key: str, value, kind, check) -> None:
+    # bool is an int to Python; a worker count of `true` is a typo, not 1
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise PartrainError(f"{source}: {key} takes {names} values, got {value!r}")
+    if check is not None and not check[0](value):
+        raise PartrainError(f"{source}: {key} must be {check[1]}, got {value!r}")
+
+
+def suite_from_dict(raw: dict, source: str) -> Suite:
+    """Validate a parsed suite; ``source`` names it in the error message."""
+    unknown = sorted(set(raw) - set(_SCHEMA))
+    if unknown:
+        raise PartrainError(f"{source}: unknown key {unknown[0]!r}; the keys are: {', '.join(_SCHEMA)}")
+    if "models" not in raw:
+        raise PartrainError(f"{source}: no models; add for example models = [\"mlp\"]")
+    fields = {}
+    for key, value in raw.items():
+        kind, is_list, check = _SCHEMA[key]
+        if is_list:
+            value = list(value) if isinstance(value, (list, tuple)) else [value]
+            if not value:
+                raise PartrainError(f"{source}: {key} is empty; give at least one value")
+        for item in value if is_list else [value]:
+            _check_value(source, key, item, kind, check)
+        fields[key] = tuple(value) if is_list else value
+    if "steps" in fields and "epochs" in fields:
+        raise PartrainError(f"{source}: give steps (measured steps after warm-up) or epochs, not both")
+    if "epochs" in fields:
+        fields["steps"] = None
+    fields.setdefault("name", Path(source).stem)
+    _check_names(source, fields)
+    return Suite(**fields)
+
+
+def _check_names(source: str, fields: dict) -> None:
+    for model in fields["models"]:
+        if model not in list_models() and ":" not in model:
+            raise PartrainError(
+                f"{source}: unknown model {model!r}; choose from {', '.join(list_models())} or give package.module:factory"
+            )
+    for dataset in fields.get("datasets", ()):
+        try:
+            dataset_spec(dataset)
+        except PartrainError as err:
+            raise PartrainError(f"{source}: {err}") from None
+    for strategy in fields.get("strategies", ()):
+        if strategy not in STRATEGIES:
+            raise PartrainError(f"{source}: unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read and validate a suite file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise PartrainError(f"suite file {path} not found; pass a TOML file, or --suite {'|'.join(BUILTIN_SUITES)}") from None
+    except OSError as err:
+        raise PartrainError(f"cannot read suite file {path}: {err.strerror}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise PartrainError(f"suite file {path} is not valid TOML: {err}") from None
+    return suite_from_dict(raw, str(path))
+
+
+def builtin_suite(name: str, hardware) -> Suite:
+    """A built-in suite; ``thesis`` is sized to ``hardware`` (a ``Hardware`` fingerprint)."""
+    if name == "quick":
+        return suite_from_dict(QUICK, "built-in suite 'quick'")
+    if name == "thesis":
+        return thesis_suite(hardware)
+    raise PartrainError(f"unknown built-in suite {name!r}; choose {' or '.join(BUILTIN_SUITES)}, or pass a TOML file")
+
+
+def thesis_suite(hardware) -> Suite:
+    """The thesis matrix, sized to the hardware it runs on.
+
+    Workers are the powers of two up to the devices (GPUs, else cores). On GPUs: batch 64,
+    5 warm-up and 20 measured steps. On CPU, where one ResNet-152 step on a 512x512 batch
+    takes minutes: batch 8, 1 + 3 steps and an hour per cell, and one thread per worker so
+    that W workers use W cores. A cell that runs out of memory is stored as failed.
+    """
+    gpu = hardware.gpu_count > 0
+    devices = hardware.gpu_count if gpu else hardware.cpu_cores
+    raw = {
+        "name": "thesis",
+        "description": f"the thesis matrix, sized to {devices} {'GPUs' if gpu else 'cores'}",
+        "models": THESIS_MODELS,
+        "datasets": THESIS_DATASETS,
+        "strategies": ["serial", "ddp", "gpipe", "1f1b"],
+        "workers": [w for w in (1, 2, 4, 8) if w <= max(1, devices)],
+        "batch_sizes": [64 if gpu else 8],
+        "warmup_steps": 5 if gpu else 1,
+        "steps": 20 if gpu else 3,
+        "threads": max(1, hardware.cpu_cores // devices) if gpu else 1,
+        "timeout": 900 if gpu else 3600,
+    }
+    return suite_from_dict(raw, "built-in suite 'thesis'")

@@ -1,0 +1,74 @@
+"""Communication time of collectives and point-to-point transfers on a hardware profile.
+
+A collective measured at this group size and link tier is read off its fitted curve. Any
+other group size is derived from the nearest measured one, and a cluster described only by
+its links (TOML) from the point-to-point link itself, by the standard cost of each
+algorithm in the alpha-beta model (Thakur, Rabenseifner & Gropp, "Optimization of Collective
+Communication Operations in MPICH", IJHPCA 2005; Patarasuk & Yuan, "Bandwidth optimal
+all-reduce algorithms for clusters of workstations", JPDC 2009), for n bytes on p ranks:
+
+- allreduce (ring): 2(p-1) steps, 2(p-1)/p x n bytes on each link;
+- all-gather, reduce-scatter (ring): p-1 steps, (p-1)/p x n (n: the full, gathered size);
+- broadcast (binomial tree): ceil(log2 p) steps, each sending all n;
+- send/recv: 1 step, n.
+
+A group spanning nodes is limited by the slower inter-node link.
+"""
+
+from __future__ import annotations
+
+import math
+
+from partrain.profile.collectives import CostFit
+from partrain.profile.hardware import HardwareProfile
+
+
+def algorithm_factors(name: str, p: int) -> tuple[float, float]:
+    """(latency steps, bytes per link as a multiple of n) of collective ``name`` on ``p`` ranks."""
+    if name == "allreduce":
+        return 2 * (p - 1), 2 * (p - 1) / p
+    if name in ("all_gather", "reduce_scatter"):
+        return p - 1, (p - 1) / p
+    if name == "broadcast":
+        depth = math.ceil(math.log2(p))
+        return depth, depth
+    if name == "sendrecv":
+        return 1, 1
+    raise ValueError(f"unknown collective {name!r}")
+
+
+def node_of(hw: HardwareProfile, rank: int) -> int:
+    """Ranks fill nodes in order, as torchrun, mpirun and srun place them by default."""
+    return 0 if hw.nodes <= 1 else rank // hw.workers_per_node
+
+
+def tier_of(hw: HardwareProfile, ranks: list[int]) -> str:
+    return "intra" if len({node_of(hw, r) for r in ranks}) <= 1 else "inter"
+
+
+def _fit_for(hw: HardwareProfile, name: str, p: int, tier: str) -> CostFit:
+    measured = {k: fits[name] for k, fits in hw.collectives.get(tier, {}).items() if name in fits}
+    if p in measured:
+        return measured[p]
+    steps, volume = algorithm_factors(name, p)
+    if measured:  # the nearest measured group size, rescaled by the algorithm's cost
+        p0 = min(measured, key=lambda k: (abs(math.log(k / p)), -k))
+        steps0, volume0 = algorithm_factors(name, p0)
+        return measured[p0].scaled(steps / steps0, volume / volume0)
+    link = hw.links.get(tier) or hw.links["intra"]
+    return link.scaled(steps, volume)
+
+
+def collective_time(hw: HardwareProfile, name: str, nbytes: float, ranks: list[int]) -> float:
+    """Seconds for collective ``name`` of ``nbytes`` over the global ``ranks``."""
+    p = len(ranks)
+    if p <= 1 or nbytes <= 0:
+        return 0.0
+    return _fit_for(hw, name, p, tier_of(hw, ranks)).time(nbytes)
+
+
+def transfer_time(hw: HardwareProfile, nbytes: float, src: int, dst: int) -> float:
+    """Seconds to send ``nbytes`` from global rank ``src`` to ``dst`` (0 on the same worker)."""
+    if src == dst or nbytes <= 0:
+        return 0.0
+    return _fit_for(hw, "sendrecv", 2, tier_of(hw, [src, dst])).time(nbytes)

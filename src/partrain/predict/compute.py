@@ -1,0 +1,91 @@
+"""Compute time from the measured blocks: per batch size, per stage, under CPU contention.
+
+The thesis's statistical method: a quantity measured at a few batch sizes is extrapolated to
+any other by fitting it piecewise-linearly in the batch size, t(b) = t0 + c*b between two
+profiled sizes (a fixed per-call cost plus a per-sample cost), the nearest segment's line
+beyond them. Times of blocks measured one at a time are scaled by how the model run in one
+piece compares with their sum at that batch size (the same batch, so the same caches and
+kernels), which keeps stage sums consistent with whole-model measurements.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from partrain.profile.model import ModelProfile
+
+
+def interpolate(sizes: list[int], values: list[float], b: float) -> float:
+    """Piecewise-linear value at batch size ``b`` (never below zero); one point scales proportionally."""
+    if len(sizes) == 1:
+        return values[0] * b / sizes[0]
+    i = min(max(bisect_left(sizes, b), 1), len(sizes) - 1)
+    (b0, v0), (b1, v1) = (sizes[i - 1], values[i - 1]), (sizes[i], values[i])
+    return max(0.0, v0 + (v1 - v0) * (b - b0) / (b1 - b0))
+
+
+def at(profile: ModelProfile, values: list[float], b: float) -> float:
+    return interpolate(profile.batch_sizes, values, b)
+
+
+def contention(busy_threads: float, cores: float) -> float:
+    """Slow-down when more threads compute than there are cores: each gets cores / threads of one
+    (processor sharing; Kleinrock 1976). 1 when the cores suffice."""
+    return max(1.0, busy_threads / cores)
+
+
+def calibration(profile: ModelProfile, b: float) -> float:
+    """The whole model's forward + backward over the sum of its blocks' and the loss's, at ``b``."""
+    parts = [sum(blk.fwd_s[i] + blk.bwd_s[i] for blk in profile.blocks) + profile.loss_s[i]
+             for i in range(len(profile.batch_sizes))]
+    ratios = [whole / part if part > 0 else 1.0 for whole, part in zip(profile.model_fwd_bwd_s, parts)]
+    return interpolate(profile.batch_sizes, ratios, b)
+
+
+def block_times(profile: ModelProfile, b: float) -> tuple[list[float], list[float]]:
+    """Calibrated (forward, backward) seconds of every block at batch ``b``."""
+    k = calibration(profile, b)
+    fwd = [k * at(profile, blk.fwd_s, b) for blk in profile.blocks]
+    bwd = [k * at(profile, blk.bwd_s, b) for blk in profile.blocks]
+    return fwd, bwd
+
+
+def loss_time(profile: ModelProfile, b: float) -> float:
+    return calibration(profile, b) * at(profile, profile.loss_s, b)
+
+
+def stage_times(profile: ModelProfile, bounds: list[tuple[int, int]], b: float, recompute: bool = False) -> tuple[list[float], list[float]]:
+    """(forward, backward) seconds per stage on a micro-batch of ``b``; the last stage adds the loss.
+
+    With recomputation each block's forward runs again inside its backward (Chen et al.,
+    "Training Deep Nets with Sublinear Memory Cost", 2016): backward costs fwd + bwd.
+    """
+    fwd, bwd = block_times(profile, b)
+    f = [sum(fwd[a:e]) for a, e in bounds]
+    g = [sum(bwd[a:e]) + (sum(fwd[a:e]) if recompute else 0.0) for a, e in bounds]
+    half = loss_time(profile, b) / 2  # the loss's forward and its backward
+    f[-1] += half
+    g[-1] += half
+    return f, g
+
+
+def optimizer_time(profile: ModelProfile, kind: str, blocks: range | None = None) -> float:
+    """One optimizer step over all parameters, or over ``blocks`` only (the whole-model step
+    apportioned by the blocks' own measured steps, so the per-call overhead is not counted twice)."""
+    whole = profile.optimizer_s[kind]
+    if blocks is None:
+        return whole
+    own = [blk.optimizer_s[kind] for blk in profile.blocks]
+    return whole * sum(own[i] for i in blocks) / sum(own) if sum(own) > 0 else 0.0
+
+
+def optimizer_kind(optimizer: str, momentum: float) -> str:
+    if optimizer == "adam":
+        return "adam"
+    return "sgd-momentum" if momentum > 0 else "sgd"
+
+
+def serial_step(profile: ModelProfile, b: float, kind: str) -> float:
+    """A measured serial step (data, forward, backward, SGD-momentum step) at ``b``, with ``kind``'s
+    optimizer step in place of the one measured."""
+    return at(profile, profile.step_s, b) - profile.optimizer_s["sgd-momentum"] + profile.optimizer_s[kind]

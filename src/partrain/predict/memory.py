@@ -1,0 +1,86 @@
+"""Peak memory per worker: model state, optimizer state, activations, communication buffers.
+
+Model state per trained parameter byte (Rajbhandari et al., "ZeRO", SC 2020, section 3.1,
+for the accounting; the state each optimizer keeps is torch's):
+
+- parameters: 1x (already part of the measured baseline: every worker builds the model);
+- gradients: 1x;
+- ``torch.optim.SGD``: a ``momentum_buffer`` (1x) per parameter when momentum != 0, none
+  without momentum;
+- ``torch.optim.Adam``: ``exp_avg`` and ``exp_avg_sq`` (2x) plus a 0-d float32 ``step`` tensor
+  per parameter tensor.
+
+Activations are the bytes autograd keeps for backward, measured per block, times the
+micro-batches a schedule keeps in flight (from the pipeline simulation: M for GPipe, at most
+P - s on stage s for 1F1B), or only each block's input with recomputation (Chen et al. 2016).
+On CPU the result is comparable with ``ru_maxrss`` because the measured baseline (a fresh
+process with torch imported, the data loaded and the model built) is added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from partrain.predict.compute import at
+from partrain.profile.model import ModelProfile
+
+ADAM_STEP_BYTES = 4  # torch.optim.Adam's per-parameter 'step': a 0-d float32 tensor (capturable=False)
+
+
+def optimizer_state_bytes(param_bytes: int, param_tensors: int, optimizer: str, momentum: float) -> int:
+    """Bytes of optimizer state for parameters of ``param_bytes`` in ``param_tensors`` tensors."""
+    if optimizer == "adam":
+        return 2 * param_bytes + ADAM_STEP_BYTES * param_tensors
+    return param_bytes if momentum != 0 else 0
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """One worker's peak, in bytes."""
+
+    baseline: int  # measured process: torch, data, the model's parameters
+    baseline_peak: int  # the same process's peak while loading (can exceed what stays resident)
+    process_group: int
+    gradients: int
+    optimizer: int
+    buffers: int  # DDP gradient buckets, pipeline receive buffers, FSDP gathered parameters
+    activations: int
+
+    @property
+    def total(self) -> int:
+        training = self.baseline + self.process_group + self.gradients + self.optimizer + self.buffers + self.activations
+        return max(self.baseline_peak, training)
+
+
+def block_input_bytes(profile: ModelProfile, i: int, b: float) -> float:
+    if i == 0:
+        return profile.input_bytes * b
+    return at(profile, profile.blocks[i - 1].out_bytes, b)
+
+
+def activation_bytes(profile: ModelProfile, lo: int, hi: int, b: float, recompute: bool = False) -> float:
+    """Bytes blocks ``lo..hi-1`` keep for backward on a (micro-)batch of ``b``.
+
+    A block's input is the previous block's output: it is counted once, by whichever of the
+    two saves it. The stage's own input is not counted (it is the data batch or a receive
+    buffer, counted there). With recomputation a block keeps only its input, plus, during its
+    backward, its recomputed activations: one block's worth at a time.
+    """
+    blocks = profile.blocks
+    if recompute:
+        inputs = sum(block_input_bytes(profile, i, b) for i in range(lo + 1, hi))
+        return inputs + max(at(profile, blocks[i].saved_bytes, b) for i in range(lo, hi))
+    total = 0.0
+    for i in range(lo, hi):
+        total += at(profile, blocks[i].saved_bytes, b)
+        if i > lo and blocks[i].saves_input and not blocks[i - 1].saves_output:
+            total += block_input_bytes(profile, i, b)
+    return total
+
+
+def stage_state(profile: ModelProfile, lo: int, hi: int, optimizer: str, momentum: float, shards: int = 1) -> tuple[int, int]:
+    """(gradient bytes, optimizer bytes) for blocks ``lo..hi-1``, split over ``shards`` workers (FSDP)."""
+    blocks = profile.blocks[lo:hi]
+    params = sum(b.param_bytes for b in blocks)
+    tensors = sum(b.param_tensors for b in blocks)
+    return params // shards, optimizer_state_bytes(params, tensors, optimizer, momentum) // shards

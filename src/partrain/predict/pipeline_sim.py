@@ -1,0 +1,262 @@
+"""A discrete-event simulation of the pipeline schedules partrain runs.
+
+Each worker (pipeline rank) executes its list of actions in order, exactly the order
+``torch.distributed.pipelining`` uses:
+
+- GPipe (``ScheduleGPipe``; Huang et al., "GPipe", NeurIPS 2019): all M forwards, then all M
+  backwards.
+- 1F1B (``Schedule1F1B``; PipeDream-Flush, Narayanan et al., "Memory-Efficient Pipeline-
+  Parallel DNN Training", ICML 2021): stage s runs min(M, P - s) forwards, then alternates
+  one backward and one forward, then drains the backwards.
+- interleaved 1F1B (``ScheduleInterleaved1F1B``; Narayanan et al., "Efficient Large-Scale
+  Language Model Training on GPU Clusters", SC 2021): V stages per rank placed round-robin
+  (stage s on rank s mod P), the action order of torch's ``_get_1f1b_rank_ops``.
+
+An action starts when its rank is free and its input has arrived: the forward of micro-batch
+m on stage s needs stage s-1's forward of m plus the activation transfer; a backward needs
+stage s+1's backward of m plus the gradient transfer. Transfers are delays that occupy no
+worker (sends are asynchronous in the runtime). Compute shares the CPU cores: when more
+actions compute at once than there are cores for their threads, each runs at
+cores / (threads x running) of full speed (processor sharing; Kleinrock, "Queueing Systems",
+vol. 2, 1976). Several consecutive steps are simulated and the steady-state period of
+rank 0 is the step time, as the training loop measures it there. The bubble is nothing
+but the idle time this produces: no closed-form formula is used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # "F" forward | "B" backward
+    stage: int
+    mb: int
+
+
+def gpipe_order(pp: int, microbatches: int) -> list[list[Action]]:
+    """Per rank: all forwards, then all backwards (``ScheduleGPipe._step_microbatches``)."""
+    return [[Action("F", s, m) for m in range(microbatches)] + [Action("B", s, m) for m in range(microbatches)]
+            for s in range(pp)]
+
+
+def one_f_one_b_order(pp: int, microbatches: int) -> list[list[Action]]:
+    """Per rank: min(M, P - s) warm-up forwards, then B, F, B, F ..., then the last backwards
+    (``Schedule1F1B._step_microbatches``)."""
+    orders = []
+    for s in range(pp):
+        warmup = min(microbatches, pp - s)
+        ops = [Action("F", s, m) for m in range(warmup)]
+        nxt = warmup
+        for m in range(microbatches):
+            ops.append(Action("B", s, m))
+            if nxt < microbatches:
+                ops.append(Action("F", s, nxt))
+                nxt += 1
+        orders.append(ops)
+    return orders
+
+
+def interleaved_order(pp: int, stages_per_rank: int, microbatches: int) -> list[list[Action]]:
+    """Per rank, the non-idle actions of torch's ``ScheduleInterleaved1F1B`` (``_get_warmup_ops``
+    and ``_get_1f1b_rank_ops``): rounds of ``microbatches_per_round`` micro-batches, each visiting
+    the rank's V stages in turn; backwards visit them in reverse."""
+    v = stages_per_rank
+    rounds = max(1, microbatches // pp)
+    per_round = microbatches // rounds
+    orders = []
+    for rank in range(pp):
+        warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), microbatches * v)
+        steady = microbatches * v - warmup
+        fwd_stage = lambda op: ((op // per_round) % v) * pp + rank  # noqa: E731
+        bwd_stage = lambda op: (v - 1 - ((op - warmup) // per_round) % v) * pp + rank  # noqa: E731
+        next_mb: dict[tuple[str, int], int] = defaultdict(int)
+
+        def take(kind: str, stage: int) -> Action:
+            m = next_mb[kind, stage]
+            next_mb[kind, stage] += 1
+            return Action(kind, stage, m)
+
+        ops = []
+        for op in range(warmup + steady + warmup):
+            if op < warmup + steady:
+                ops.append(take("F", fwd_stage(op)))
+            if op >= warmup:
+                ops.append(take("B", bwd_stage(op)))
+        orders.append(ops)
+    return orders
+
+
+def schedule_order(schedule: str, pp: int, microbatches: int, stages_per_rank: int = 1) -> list[list[Action]]:
+    if schedule == "gpipe":
+        return gpipe_order(pp, microbatches)
+    if schedule == "1f1b":
+        return one_f_one_b_order(pp, microbatches)
+    if schedule == "interleaved-1f1b":
+        return interleaved_order(pp, stages_per_rank, microbatches)
+    raise ValueError(f"unknown schedule {schedule!r}")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Work a rank does outside the schedule each step (loading data, allreduce, optimizer)."""
+
+    name: str
+    seconds: float
+    cpu: bool = True  # False for communication: it waits, it does not compute
+
+
+@dataclass(frozen=True)
+class PipelineCosts:
+    """Seconds per micro-batch at full speed, per stage; transfers per stage boundary."""
+
+    fwd: tuple[float, ...]
+    bwd: tuple[float, ...]
+    send_fwd: tuple[float, ...]  # stage s's output to stage s + 1 (last entry unused)
+    send_bwd: tuple[float, ...]  # the gradient of stage s's input to stage s - 1 (first entry unused)
+    before: tuple[tuple[Segment, ...], ...] = ()  # per rank, ahead of the schedule
+    after: tuple[tuple[Segment, ...], ...] = ()  # per rank, after it
+
+    def without_transfers(self) -> PipelineCosts:
+        zero = tuple(0.0 for _ in self.fwd)
+        return PipelineCosts(self.fwd, self.bwd, zero, zero, self.before, self.after)
+
+
+@dataclass
+class SimResult:
+    step_s: float  # steady-state seconds per step on rank 0
+    busy: list[dict[str, float]]  # per rank: seconds per step spent in each kind of work
+    max_in_flight: list[int]  # per stage: most micro-batches forwarded but not yet backwarded
+    spans: list[tuple[int, str, int, int, float, float]] = field(default_factory=list)  # (rank, kind, stage, mb, start, end), one step
+
+    def idle(self, rank: int) -> float:
+        return max(0.0, self.step_s - sum(self.busy[rank].values()))
+
+    def bubble_fraction(self, rank: int = 0) -> float:
+        return self.idle(rank) / self.step_s if self.step_s > 0 else 0.0
+
+
+@dataclass
+class _Op:
+    rank: int
+    kind: str
+    stage: int
+    mb: int
+    step: int
+    work: float
+    cpu: bool
+    start: float = math.nan
+    end: float = math.nan
+    left: float = 0.0
+
+
+def _build_ops(orders, costs: PipelineCosts, steps: int) -> list[list[_Op]]:
+    ranks = []
+    for r, order in enumerate(orders):
+        ops = []
+        for k in range(steps):
+            for seg in costs.before[r] if costs.before else ():
+                ops.append(_Op(r, seg.name, -1, -1, k, seg.seconds, seg.cpu))
+            for a in order:
+                work = costs.fwd[a.stage] if a.kind == "F" else costs.bwd[a.stage]
+                ops.append(_Op(r, a.kind, a.stage, a.mb, k, work, True))
+            for seg in costs.after[r] if costs.after else ():
+                ops.append(_Op(r, seg.name, -1, -1, k, seg.seconds, seg.cpu))
+        ranks.append(ops)
+    return ranks
+
+
+def simulate(orders: list[list[Action]], costs: PipelineCosts, cpu_slots: float = math.inf, steps: int = 4) -> SimResult:
+    """Run ``steps`` steps of the schedule ``orders`` (one action list per rank).
+
+    ``cpu_slots``: how many actions may compute at full speed at once (cores / threads per
+    worker / pipeline replicas sharing the cores); more running actions share them equally.
+    """
+    n_stages = len(costs.fwd)
+    n_ranks = len(orders)
+    rank_of = {a.stage: r for r, order in enumerate(orders) for a in order}
+    ranks = _build_ops(orders, costs, steps)
+    done: dict[tuple, float] = {}
+    idx = [0] * n_ranks
+    free = [0.0] * n_ranks
+    running: dict[int, _Op] = {}
+    in_flight = [0] * n_stages
+    max_in_flight = [0] * n_stages
+    t = 0.0
+
+    def ready_at(op: _Op) -> float | None:
+        """When ``op``'s input is on its rank; None while the producing action has not finished."""
+        if op.kind == "F" and op.stage > 0:
+            prev = done.get(("F", op.stage - 1, op.mb, op.step))
+            hop = costs.send_fwd[op.stage - 1] if rank_of[op.stage - 1] != op.rank else 0.0
+        elif op.kind == "B" and op.stage < n_stages - 1:
+            prev = done.get(("B", op.stage + 1, op.mb, op.step))
+            hop = costs.send_bwd[op.stage + 1] if rank_of[op.stage + 1] != op.rank else 0.0
+        else:
+            return free[op.rank]
+        return None if prev is None else max(free[op.rank], prev + hop)
+
+    def finish(op: _Op) -> None:
+        op.end = t
+        done[(op.kind, op.stage, op.mb, op.step)] = t
+        free[op.rank] = t
+        idx[op.rank] += 1
+        if op.kind == "B":
+            in_flight[op.stage] -= 1
+
+    while any(idx[r] < len(ranks[r]) for r in range(n_ranks)):
+        started = True
+        while started:  # start everything that can start now (zero-length work finishes at once)
+            started = False
+            for r in range(n_ranks):
+                if r in running or idx[r] >= len(ranks[r]):
+                    continue
+                op = ranks[r][idx[r]]
+                at = ready_at(op)
+                if at is None or at > t + EPS:
+                    continue
+                op.start, op.left, started = t, op.work, True
+                if op.kind == "F":
+                    in_flight[op.stage] += 1
+                    max_in_flight[op.stage] = max(max_in_flight[op.stage], in_flight[op.stage])
+                if op.work <= EPS:
+                    finish(op)
+                else:
+                    running[r] = op
+        computing = sum(op.cpu for op in running.values())
+        rate = {r: min(1.0, cpu_slots / computing) if op.cpu else 1.0 for r, op in running.items()}
+        upcoming = [at for r in range(n_ranks) if r not in running and idx[r] < len(ranks[r])
+                    if (at := ready_at(ranks[r][idx[r]])) is not None and at > t + EPS]
+        ends = [t + op.left / rate[r] for r, op in running.items()]
+        if not upcoming and not ends:
+            raise RuntimeError("pipeline simulation deadlocked: the schedule waits on an action that never runs")
+        nxt = min(upcoming + ends)
+        for r, op in list(running.items()):
+            op.left -= (nxt - t) * rate[r]
+        t = nxt
+        for r, op in list(running.items()):
+            if op.left <= EPS * max(1.0, op.work):
+                del running[r]
+                finish(op)
+    return _summarize(ranks, steps, max_in_flight)
+
+
+def _summarize(ranks: list[list[_Op]], steps: int, max_in_flight: list[int]) -> SimResult:
+    """Steady state: rank 0's period between the ends of step 1 and of the last step."""
+    first, last = 1, steps - 1
+    end = lambda r, k: max(op.end for op in ranks[r] if op.step == k)  # noqa: E731
+    step_s = (end(0, last) - end(0, first)) / (last - first)
+    busy = []
+    for ops in ranks:
+        per_kind: dict[str, float] = defaultdict(float)
+        for op in ops:
+            if first < op.step <= last:
+                per_kind[op.kind] += (op.end - op.start) / (last - first)
+        busy.append(dict(per_kind))
+    spans = [(op.rank, op.kind, op.stage, op.mb, op.start, op.end) for ops in ranks for op in ops if op.step == last]
+    return SimResult(step_s, busy, max_in_flight, spans)

@@ -1,0 +1,295 @@
+"""The hardware profile: nodes, workers, memory, and fitted collective costs per link tier.
+
+Two ways to get one:
+
+- ``profile_hardware(workers)`` measures this machine: it starts ``workers`` local workers
+  on the real backend (or, under torchrun/mpirun/srun, runs in the launched workers),
+  times every collective over message sizes with ``profile.collectives`` and fits
+  latency + size/bandwidth per collective, per group size and per link tier: ``intra``
+  (workers of one node) and, under a multi-node launcher, ``inter`` (one worker per node).
+- ``load_cluster(path)`` reads a cluster TOML describing hardware one does not have at hand
+  (see ``examples/cluster.toml``): links are given as bandwidth and latency, and every
+  collective is derived from them with the ring formulas in ``predict.comm``.
+
+Profiles are JSON files in the profile directory (``--profile-dir``, else
+``$PARTRAIN_PROFILE_DIR``, else ``~/.partrain/profiles``), named by worker count and the
+hardware fingerprint so a profile taken on other hardware is never reused by mistake.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from partrain.errors import PartrainError
+from partrain.profile.collectives import CostFit, default_sizes, fit_cost, measure_collectives
+
+PROFILE_DIR_ENV = "PARTRAIN_PROFILE_DIR"
+DEFAULT_PROFILE_DIR = Path("~/.partrain/profiles")
+TIERS = ("intra", "inter")
+
+
+def profile_dir(path: str | os.PathLike | None = None) -> Path:
+    """Where profiles are cached: ``path``, else $PARTRAIN_PROFILE_DIR, else ~/.partrain/profiles."""
+    chosen = path if path is not None else os.environ.get(PROFILE_DIR_ENV) or DEFAULT_PROFILE_DIR
+    return Path(chosen).expanduser().absolute()
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def fingerprint() -> str:
+    """A short hash of what decides speed here: CPU, cores, GPUs and the torch build."""
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    text = "|".join([cpu_name(), str(os.cpu_count()), platform.machine(), torch.__version__, *gpus])
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+@dataclass
+class HardwareProfile:
+    """What the predictor knows about the hardware a job runs on."""
+
+    fingerprint: str
+    description: str
+    backend: str
+    nodes: int
+    workers_per_node: int
+    cores_per_node: int  # CPU contention: more busy threads than this slows every worker
+    device_memory_bytes: int  # per GPU; on CPU, the host RAM that a node's workers share
+    shared_memory: bool  # True on CPU: a node's workers share device_memory_bytes
+    compute_speed: float = 1.0  # relative to the machine that measured the model profile
+    links: dict[str, CostFit] = field(default_factory=dict)  # tier -> point-to-point fit
+    collectives: dict[str, dict[int, dict[str, CostFit]]] = field(default_factory=dict)  # tier -> group size -> name -> fit
+    process_group_rss_bytes: int = 0  # resident memory a worker gains by joining the process group
+    source: str = "measured"
+    notes: list[str] = field(default_factory=list)
+    points: dict = field(default_factory=dict)  # the raw measurements, tier -> size -> name -> [[bytes, s]]
+
+    def memory_limit_per_worker(self, local_workers: int) -> int:
+        return self.device_memory_bytes // max(1, local_workers) if self.shared_memory else self.device_memory_bytes
+
+    def to_dict(self) -> dict:
+        return {
+            "fingerprint": self.fingerprint, "description": self.description, "backend": self.backend,
+            "nodes": self.nodes, "workers_per_node": self.workers_per_node, "cores_per_node": self.cores_per_node,
+            "device_memory_bytes": self.device_memory_bytes, "shared_memory": self.shared_memory,
+            "compute_speed": self.compute_speed,
+            "links": {tier: fit.to_dict() for tier, fit in self.links.items()},
+            "collectives": {
+                tier: {str(p): {name: fit.to_dict() for name, fit in fits.items()} for p, fits in sizes.items()}
+                for tier, sizes in self.collectives.items()
+            },
+            "process_group_rss_bytes": self.process_group_rss_bytes, "source": self.source,
+            "notes": self.notes, "points": self.points,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HardwareProfile:
+        return cls(
+            d["fingerprint"], d["description"], d["backend"], int(d["nodes"]), int(d["workers_per_node"]),
+            int(d["cores_per_node"]), int(d["device_memory_bytes"]), bool(d["shared_memory"]), float(d["compute_speed"]),
+            {tier: CostFit.from_dict(rows) for tier, rows in d["links"].items()},
+            {
+                tier: {int(p): {name: CostFit.from_dict(rows) for name, rows in fits.items()} for p, fits in sizes.items()}
+                for tier, sizes in d["collectives"].items()
+            },
+            int(d.get("process_group_rss_bytes", 0)), d.get("source", "measured"), list(d.get("notes", [])),
+            d.get("points", {}),
+        )
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return _write_json(Path(path), self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> HardwareProfile:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def _write_json(path: Path, data: dict) -> Path:
+    """Write atomically: a reader never sees half a profile."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def hardware_path(directory: Path, workers: int) -> Path:
+    return directory / f"hardware-w{workers}-{fingerprint()}.json"
+
+
+# ---- cluster TOML -----------------------------------------------------------------------
+
+_GB = 1e9
+
+
+def _number(table: dict, key: str, where: str, default=None, positive=True) -> float:
+    value = table.get(key, default)
+    if value is None:
+        raise PartrainError(f"{where}: missing {key} (see examples/cluster.toml)")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or (positive and value <= 0):
+        raise PartrainError(f"{where}: {key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _link(table: dict | None, tier: str, path: str) -> CostFit:
+    where = f"{path} [{tier}]"
+    if table is None:
+        raise PartrainError(f"{where}: missing table (bandwidth_gb_per_s, latency_us); see examples/cluster.toml")
+    bandwidth = _number(table, "bandwidth_gb_per_s", where) * _GB
+    latency = _number(table, "latency_us", where, positive=False) * 1e-6
+    return CostFit.line(latency, bandwidth)
+
+
+def load_cluster(path: str | os.PathLike) -> HardwareProfile:
+    """A ``HardwareProfile`` from a cluster TOML file (see ``examples/cluster.toml``)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise PartrainError(f"cluster file {path} not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise PartrainError(f"cluster file {path} is not valid TOML: {err}") from None
+    cluster = data.get("cluster")
+    if not isinstance(cluster, dict):
+        raise PartrainError(f"{path}: missing [cluster] table; see examples/cluster.toml")
+    where = f"{path} [cluster]"
+    nodes = int(_number(cluster, "nodes", where))
+    per_node = int(_number(cluster, "workers_per_node", where))
+    links = {"intra": _link(data.get("intra"), "intra", str(path))}
+    if nodes > 1:
+        links["inter"] = _link(data.get("inter"), "inter", str(path))
+    backend = cluster.get("backend", "nccl")
+    return HardwareProfile(
+        fingerprint=f"cluster:{path.name}",
+        description=str(cluster.get("name", path.stem)),
+        backend=backend,
+        nodes=nodes,
+        workers_per_node=per_node,
+        cores_per_node=int(_number(cluster, "cores_per_node", where, default=10**6)),
+        device_memory_bytes=int(_number(cluster, "device_memory_gb", where) * _GB),
+        shared_memory=bool(cluster.get("shared_memory", backend == "gloo")),
+        compute_speed=_number(cluster, "compute_speed", where, default=1.0),
+        links=links,
+        source=str(path),
+    )
+
+
+# ---- measuring this machine ---------------------------------------------------------------
+
+
+def _rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def group_sizes(local_workers: int) -> list[int]:
+    """Group sizes to measure within a node: powers of two below the node's workers, and all of them."""
+    sizes, p = [], 2
+    while p < local_workers:
+        sizes.append(p)
+        p *= 2
+    return sizes + [local_workers] if local_workers >= 2 else []
+
+
+def _tier_plans(world: int, local: int) -> list[tuple[str, int, list[list[int]], tuple[int, int]]]:
+    """(tier, group size, groups, ping-pong pair) to measure; ranks are placed node by node."""
+    nodes = world // local
+    plans = [("intra", k, [list(range(n * local, n * local + k)) for n in range(nodes)], (0, 1)) for k in group_sizes(local)]
+    if nodes > 1:
+        plans.append(("inter", nodes, [[n * local for n in range(nodes)]], (0, local)))
+    return plans
+
+
+@record
+def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict | None:
+    """One worker of ``profile --hardware``; rank 0 returns the measurements."""
+    from partrain.distributed.launch import detect_launcher, device_for, init_process_group
+
+    info = detect_launcher()
+    torch.set_num_threads(threads)
+    before = _rss_bytes()
+    backend = init_process_group(info, backend, timeout_s=600)
+    joined = _rss_bytes() - before
+    device = device_for(backend, info)
+    out: dict = {"tiers": {}, "notes": [], "process_group_rss_bytes": joined, "backend": backend,
+                 "world_size": info.world_size, "local_world_size": info.local_world_size}
+    try:
+        for tier, k, groups, pair in _tier_plans(info.world_size, info.local_world_size):
+            made = [(ranks, dist.new_group(ranks)) for ranks in groups]  # every rank creates every group
+            mine = next(((ranks, g) for ranks, g in made if dist.get_rank() in ranks), (groups[0], None))
+            points, notes = measure_collectives(mine[1], mine[0], pair, sizes, device)
+            out["tiers"].setdefault(tier, {})[k] = points
+            out["notes"] += [n for n in notes if n not in out["notes"]]
+    finally:
+        dist.destroy_process_group()
+    return out if info.rank == 0 else None
+
+
+def fit_measurements(raw: dict) -> tuple[dict[str, CostFit], dict[str, dict[int, dict[str, CostFit]]]]:
+    """Fits from ``hardware_worker``'s points: a link per tier (send/recv), every collective."""
+    collectives: dict[str, dict[int, dict[str, CostFit]]] = {}
+    links: dict[str, CostFit] = {}
+    for tier, by_size in raw["tiers"].items():
+        for k, points in by_size.items():
+            fits = {name: fit_cost([n for n, _ in pts], [t for _, t in pts]) for name, pts in points.items()}
+            collectives.setdefault(tier, {})[int(k)] = fits
+            links.setdefault(tier, fits["sendrecv"])
+    return links, collectives
+
+
+def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str | None = None, threads: int = 1) -> HardwareProfile:
+    """Measure the collectives with ``workers`` workers (or the launcher's) and fit them."""
+    from partrain.distributed.launch import detect_launcher
+    from partrain.distributed.spawn import spawn
+
+    sizes = sizes or default_sizes()
+    info = detect_launcher()
+    if info.launched:
+        raw = hardware_worker(sizes, backend, threads)
+        if raw is None:
+            return None  # not rank 0: rank 0 writes the profile
+    else:
+        if workers < 2:
+            raise PartrainError("profile --hardware needs at least 2 workers to time collectives: use --workers 2 or more")
+        raw = spawn(hardware_worker, (sizes, backend, threads), workers)[0]
+    links, collectives = fit_measurements(raw)
+    local = raw["local_world_size"]
+    cuda = raw["backend"] == "nccl"
+    return HardwareProfile(
+        fingerprint=fingerprint(),
+        description=torch.cuda.get_device_name(0) if cuda else f"{cpu_name()}, {os.cpu_count()} cores",
+        backend=raw["backend"],
+        nodes=raw["world_size"] // local,
+        workers_per_node=local,
+        cores_per_node=os.cpu_count() or 1,
+        device_memory_bytes=torch.cuda.get_device_properties(0).total_memory if cuda else host_memory_bytes(),
+        shared_memory=not cuda,
+        links=links,
+        collectives=collectives,
+        process_group_rss_bytes=raw["process_group_rss_bytes"],
+        notes=raw["notes"],
+        points={tier: {str(k): v for k, v in by.items()} for tier, by in raw["tiers"].items()},
+    )

@@ -1,0 +1,340 @@
+"""The model profile: what one worker measures about a model, block by block.
+
+For every pipeline block (``models.model_blocks``) and every profiled batch size:
+forward and backward seconds, output bytes (what a stage boundary sends), the bytes
+autograd keeps for backward, and FLOPs (``torch.utils.flop_counter``); once per model:
+the optimizer step (SGD with and without momentum, Adam), the loss, a whole
+forward + backward (to calibrate the sum of the isolated blocks against the model run
+in one piece), a whole serial training step, the data loading time per batch, and the
+resident memory of a fresh process that has imported torch, loaded the data and built
+the model (the baseline every worker's ``ru_maxrss`` starts from).
+
+Profiles are cached as JSON in the profile directory (``profile.hardware.profile_dir``),
+keyed by model, dataset, batch sizes, threads and the hardware fingerprint, and reused by
+every later prediction. Cost: about ``repeats + 2`` forward/backward passes per batch size,
+plus a few seconds for the baseline process (it imports torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from partrain.data import load_dataset
+from partrain.errors import PartrainError
+from partrain.models import build_model, model_blocks
+from partrain.profile.hardware import _write_json, fingerprint, profile_dir
+
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
+MIN_REPEATS, MAX_REPEATS, TARGET_S = 3, 15, 0.2  # timed runs per measurement: at least 3, ~0.2 s
+
+
+@dataclass
+class BlockProfile:
+    """One block; list fields hold one value per ``ModelProfile.batch_sizes`` entry."""
+
+    name: str
+    params: int
+    param_bytes: int
+    param_tensors: int
+    buffer_bytes: int
+    fwd_s: list[float]
+    bwd_s: list[float]
+    out_bytes: list[int]  # the block's output: what a pipeline stage boundary sends
+    saved_bytes: list[int]  # kept by autograd for backward, without parameters and the block's input
+    saves_input: bool  # backward also keeps the block's input
+    saves_output: bool  # saved_bytes includes the block's own output
+    flops: list[int]  # forward + backward
+    optimizer_s: dict[str, float]  # one optimizer step over this block's parameters alone
+
+
+@dataclass
+class ModelProfile:
+    model: str
+    dataset: str
+    synthetic: bool
+    batch_sizes: list[int]
+    threads: int
+    fingerprint: str
+    input_shape: list[int]
+    input_bytes: int  # one float32 sample
+    train_samples: int  # samples in the train split as loaded (an epoch's worth)
+    blocks: list[BlockProfile]
+    loss_s: list[float]  # cross-entropy forward + backward
+    model_fwd_bwd_s: list[float]  # the whole model and loss, forward + backward, in one piece
+    step_s: list[float]  # a whole serial training step: data, forward, backward, optimizer
+    data_s: list[float]  # loading one batch from the in-memory dataset
+    optimizer_s: dict[str, float]  # one step over all parameters, per optimizer
+    baseline_rss_bytes: int  # resident set of a fresh worker-like process: torch, data, model
+    baseline_peak_rss_bytes: int  # its ru_maxrss (loading data may peak above what stays)
+    profile_seconds: float = 0.0
+    options: dict = field(default_factory=dict)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(b.param_bytes for b in self.blocks)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelProfile:
+        blocks = [BlockProfile(**b) for b in d["blocks"]]
+        return cls(**{**d, "blocks": blocks})
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return _write_json(Path(path), self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ModelProfile:
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise PartrainError(f"model profile {path} is unreadable ({err}): delete it or profile again") from None
+
+
+# ---- measuring ----------------------------------------------------------------------------
+
+
+def _median_time(run: Callable[[], object], before: Callable[[], object] | None = None) -> float:
+    """Median seconds of ``run`` after one warm-up; ``before`` runs untimed ahead of each call."""
+    if before:
+        before()
+    run()
+    samples: list[float] = []
+    while len(samples) < MIN_REPEATS or (sum(samples) < TARGET_S and len(samples) < MAX_REPEATS):
+        if before:
+            before()
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.nbytes()
+
+
+def _inspect_block(block: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int, bool, bool, int]:
+    """One instrumented forward + backward: (output, saved bytes, saves input, saves output, FLOPs)."""
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        ptr, nbytes = _storage(t)
+        saved[ptr] = nbytes
+        return t
+
+    with FlopCounterMode(display=False) as flops, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = block(x)
+        out.backward(torch.ones_like(out))
+    owned = {_storage(t)[0] for t in [*block.parameters(), *block.buffers()]}
+    in_ptr, out_ptr = _storage(x)[0], _storage(out)[0]
+    activations = sum(n for ptr, n in saved.items() if ptr not in owned and ptr not in (in_ptr, out_ptr))
+    saves_output = out_ptr in saved
+    activations += saved[out_ptr] if saves_output else 0
+    return out.detach(), activations, in_ptr in saved, saves_output, flops.get_total_flops()
+
+
+def _time_block(block: nn.Module, x: torch.Tensor, needs_grad: bool) -> tuple[float, float]:
+    """Median forward and backward seconds of ``block`` on ``x`` (fresh gradients each time)."""
+    state: dict = {}
+
+    def forward():
+        state["out"] = block(x.detach().requires_grad_(needs_grad))
+
+    def backward():
+        state["out"].backward(state["grad"])
+
+    def fresh():
+        block.zero_grad(set_to_none=True)
+        forward()
+        state["grad"] = torch.ones_like(state["out"])
+
+    fwd = _median_time(forward, before=lambda: block.zero_grad(set_to_none=True))
+    bwd = _median_time(backward, before=fresh)
+    return fwd, bwd
+
+
+def _time_optimizer(params: list[nn.Parameter], kind: str) -> float:
+    if not params:
+        return 0.0
+    for p in params:
+        p.grad = torch.ones_like(p)
+    if kind == "adam":
+        opt = torch.optim.Adam(params, lr=1e-12)
+    else:
+        opt = torch.optim.SGD(params, lr=1e-12, momentum=0.9 if kind == "sgd-momentum" else 0.0)
+    seconds = _median_time(opt.step)  # the warm-up step allocates the optimizer state
+    for p in params:
+        p.grad = None
+    return seconds
+
+
+def _profile_blocks(blocks: list[nn.Module], x: torch.Tensor) -> list[dict]:
+    """Per block at one batch size: times, bytes and FLOPs, each block fed the previous one's output."""
+    rows = []
+    for i, block in enumerate(blocks):
+        needs_grad = i > 0  # the data does not need a gradient: block 0 skips its input gradient
+        out, saved, saves_in, saves_out, flops = _inspect_block(block, x.detach().requires_grad_(needs_grad))
+        fwd, bwd = _time_block(block, x, needs_grad)
+        rows.append({"fwd_s": fwd, "bwd_s": bwd, "out_bytes": out.numel() * out.element_size(),
+                     "saved_bytes": saved, "saves_input": saves_in, "saves_output": saves_out, "flops": flops})
+        block.zero_grad(set_to_none=True)
+        x = out
+    return rows
+
+
+def _time_whole(model: nn.Module, train_set, batch: int, opt: torch.optim.Optimizer) -> dict[str, float]:
+    """Loss, model forward+backward and a serial step (as ``train.py`` takes it) at ``batch``."""
+    n = len(train_set)
+    idx = lambda: torch.randint(0, n, (batch,))  # noqa: E731
+    x, y = train_set.get(idx())
+    logits = model(x).detach().requires_grad_()
+
+    def loss():
+        F.cross_entropy(logits, y).backward()
+
+    def fwd_bwd():
+        F.cross_entropy(model(x), y).backward()
+
+    def step():
+        xb, yb = train_set.get(idx())
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+
+    zero = lambda: model.zero_grad(set_to_none=True)  # noqa: E731
+    return {"loss_s": _median_time(loss), "model_fwd_bwd_s": _median_time(fwd_bwd, before=zero),
+            "step_s": _median_time(step), "data_s": _median_time(lambda: train_set.get(idx()))}
+
+
+def baseline_probe() -> None:
+    """Entry point of the baseline process: print its resident set after a worker's set-up."""
+    args = json.loads(sys.argv[1])
+    import partrain.runner  # noqa: F401  (a worker imports the training machinery)
+
+    torch.set_num_threads(args["threads"])
+    data = dict(data_dir=args["data_dir"], synthetic=args["synthetic"])
+    load_dataset(args["dataset"], "train", **data)
+    load_dataset(args["dataset"], "test", **data)
+    spec_shape, classes = args["input_shape"], args["num_classes"]
+    build_model(args["model"], tuple(spec_shape), classes, **args["options"])
+    torch.ones(64, 64) @ torch.ones(64, 64)  # start the intra-op thread pool
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the parent (the profiler)
+    status = Path("/proc/self/status").read_text()
+    kib = {key: int(re.search(rf"{key}:\s+(\d+)", status).group(1)) for key in ("VmRSS", "VmHWM")}
+    print(json.dumps({"rss": kib["VmRSS"] * 1024, "peak": kib["VmHWM"] * 1024}))
+
+
+def measure_baseline(model: str, dataset: str, input_shape, num_classes: int, threads: int, data_dir, synthetic: bool,
+                     options: dict) -> tuple[int, int]:
+    """(resident bytes, peak resident bytes) of a fresh process set up like a training worker."""
+    args = {"model": model, "dataset": dataset, "input_shape": list(input_shape), "num_classes": num_classes,
+            "threads": threads, "data_dir": None if data_dir is None else str(data_dir), "synthetic": synthetic,
+            "options": options}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # user factories stay importable
+    proc = subprocess.run([sys.executable, "-c", "from partrain.profile.model import baseline_probe; baseline_probe()",
+                           json.dumps(args)], capture_output=True, text=True, env=env, timeout=300)
+    if proc.returncode != 0:
+        raise PartrainError(f"measuring the baseline memory failed: {proc.stderr.strip().splitlines()[-1:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out["rss"], out["peak"]
+
+
+def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int = 1, data_dir=None,
+                  synthetic: bool = False, options: dict | None = None, seed: int = 0) -> ModelProfile:
+    """Measure ``model`` on ``dataset`` at each batch size with ``threads`` intra-op threads."""
+    if not batch_sizes or any(b < 1 for b in batch_sizes):
+        raise PartrainError(f"--batch-sizes must be positive integers, got {batch_sizes}")
+    batch_sizes, options = sorted(set(batch_sizes)), options or {}
+    started, saved_threads = time.perf_counter(), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        train_set = load_dataset(dataset, "train", data_dir=data_dir, synthetic=synthetic, seed=seed)
+        spec = train_set.spec
+        torch.manual_seed(seed)
+        net = build_model(model, spec.input_shape, spec.num_classes, **options)
+        blocks = model_blocks(net)
+        per_batch = []
+        for b in batch_sizes:
+            x = train_set.get(torch.arange(b) % len(train_set))[0]
+            opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
+            per_batch.append((_profile_blocks(blocks, x), _time_whole(net, train_set, b, opt)))
+        block_profiles = [
+            _block_profile(name_of(net, blk), blk, [rows[i] for rows, _ in per_batch]) for i, blk in enumerate(blocks)
+        ]
+        params = [p for p in net.parameters() if p.requires_grad]
+        optimizer_s = {kind: _time_optimizer(params, kind) for kind in OPTIMIZERS}
+    finally:
+        torch.set_num_threads(saved_threads)
+    rss, peak = measure_baseline(model, dataset, spec.input_shape, spec.num_classes, threads, data_dir, synthetic, options)
+    whole = {key: [w[key] for _, w in per_batch] for key in per_batch[0][1]}
+    return ModelProfile(
+        model=model, dataset=dataset, synthetic=synthetic, batch_sizes=batch_sizes, threads=threads,
+        fingerprint=fingerprint(), input_shape=list(spec.input_shape),
+        input_bytes=4 * int(torch.tensor(spec.input_shape).prod()), train_samples=len(train_set),
+        blocks=block_profiles, loss_s=whole["loss_s"], model_fwd_bwd_s=whole["model_fwd_bwd_s"],
+        step_s=whole["step_s"], data_s=whole["data_s"], optimizer_s=optimizer_s, baseline_rss_bytes=rss,
+        baseline_peak_rss_bytes=peak, profile_seconds=time.perf_counter() - started, options=options,
+    )
+
+
+def name_of(model: nn.Module, block: nn.Module) -> str:
+    return next((name for name, m in model.named_modules() if m is block), "") or type(block).__name__
+
+
+def _block_profile(name: str, block: nn.Module, rows: list[dict]) -> BlockProfile:
+    params = [p for p in block.parameters()]
+    return BlockProfile(
+        name=name,
+        params=sum(p.numel() for p in params),
+        param_bytes=sum(p.numel() * p.element_size() for p in params),
+        param_tensors=len(params),
+        buffer_bytes=sum(b.numel() * b.element_size() for b in block.buffers()),
+        fwd_s=[r["fwd_s"] for r in rows],
+        bwd_s=[r["bwd_s"] for r in rows],
+        out_bytes=[r["out_bytes"] for r in rows],
+        saved_bytes=[r["saved_bytes"] for r in rows],
+        saves_input=rows[0]["saves_input"],
+        saves_output=rows[0]["saves_output"],
+        flops=[r["flops"] for r in rows],
+        optimizer_s={kind: _time_optimizer([p for p in params if p.requires_grad], kind) for kind in OPTIMIZERS},
+    )
+
+
+# ---- the cache ----------------------------------------------------------------------------
+
+
+def profile_path(directory: Path, model: str, dataset: str, batch_sizes: list[int], threads: int,
+                 synthetic: bool = False, options: dict | None = None) -> Path:
+    """The cache file of a profile: every part of the key is in the name."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
+    extra = "".join(f"-{k}={v}" for k, v in sorted((options or {}).items()))
+    data = f"{dataset}-synthetic" if synthetic else dataset
+    sizes = "_".join(map(str, sorted(set(batch_sizes))))
+    return directory / f"model-{slug}{extra}-{data}-b{sizes}-t{threads}-{fingerprint()}.json"
+
+
+def load_or_profile(model: str, dataset: str, batch_sizes: list[int], threads: int = 1, directory=None, data_dir=None,
+                    synthetic: bool = False, options: dict | None = None, refresh: bool = False) -> tuple[ModelProfile, Path, bool]:
+    """The cached profile for this key, or a new one saved there. Returns (profile, path, reused)."""
+    path = profile_path(profile_dir(directory), model, dataset, batch_sizes, threads, synthetic, options)
+    if path.is_file() and not refresh:
+        return ModelProfile.load(path), path, True
+    profile = profile_model(model, dataset, batch_sizes, threads, data_dir, synthetic, options)
+    profile.save(path)
+    return profile, path, False

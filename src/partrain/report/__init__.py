@@ -1,0 +1,1 @@
+"""Reports: plots of benchmark results (``plots``)."""

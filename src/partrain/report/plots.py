@@ -1,0 +1,146 @@
+"""PNG plots of benchmark rows: the scaling studies' figures.
+
+Every function takes rows as the results store returns them (dicts with the stored
+columns plus ``speedup`` and ``efficiency``), uses only the ``ok`` ones, draws one line per
+(strategy, workers) series with the median over repeats at each point, and writes a PNG.
+
+Figures are built on ``matplotlib.figure.Figure`` directly, which renders with Agg: no
+pyplot state, no display needed, safe to call from any process.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+REGIME_COLOURS = {"perfect scaling": "#d9f0d3", "diminishing returns": "#fee8c8", "maximal data parallelism": "#f4cccc"}
+
+
+def series(rows: list[dict], x: str, y: Callable[[dict], float | None], by_workers: bool = True) -> dict[str, list[tuple]]:
+    """``{label: [(x, median y), ...]}`` sorted by x, over the ok rows where ``y`` is known."""
+    points: dict[str, dict] = {}
+    for r in rows:
+        value = y(r) if r["status"] == "ok" else None
+        if value is None:
+            continue
+        label = f"{r['strategy']} x{r['workers']}" if by_workers else r["strategy"]
+        points.setdefault(label, {}).setdefault(r[x], []).append(value)
+    return {label: sorted((k, statistics.median(v)) for k, v in xs.items()) for label, xs in points.items()}
+
+
+def _draw(ax, lines: dict[str, list[tuple]], **style) -> None:
+    for label, pts in lines.items():
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label, **style)
+
+
+def _finish(fig: Figure, title: str, rows: list[dict], path: str | Path) -> Path:
+    bad = sum(r["status"] != "ok" for r in rows)
+    if bad:
+        title += f"  ({bad} cells skipped or failed, not shown)"
+    fig.suptitle(title)
+    for ax in fig.axes:
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend() is None and ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+def _subject(rows: list[dict]) -> str:
+    return ", ".join(sorted({f"{r['model']} on {r['dataset']}" for r in rows})) or "no cells"
+
+
+def plot_batch_size(rows: list[dict], path: str | Path, regimes: list[tuple[int, int, str]]) -> Path:
+    """Time per epoch and test accuracy against the global batch; ``regimes`` shaded as
+    (from batch, to batch, regime name) spans on the time panel."""
+    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    time_ax, acc_ax = fig.subplots(1, 2)
+    for lo, hi, regime in regimes:
+        time_ax.axvspan(lo, hi, color=REGIME_COLOURS[regime], zorder=0)
+    _draw(time_ax, series(rows, "batch_size", lambda r: r["seconds_per_epoch"]))
+    _draw(acc_ax, series(rows, "batch_size", lambda r: r["test_accuracy"]))
+    for ax in (time_ax, acc_ax):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("global batch size")
+    time_ax.set_yscale("log")
+    time_ax.set_ylabel("seconds per epoch")
+    acc_ax.set_ylabel("test accuracy")
+    if not acc_ax.lines:
+        acc_ax.text(0.5, 0.5, "no accuracy: run whole epochs (--epochs)", ha="center", transform=acc_ax.transAxes)
+    if regimes:  # two legends on the time panel: the series, and the regimes' colours
+        used = dict.fromkeys(regime for _, _, regime in regimes)
+        time_ax.add_artist(time_ax.legend(fontsize="small", loc="upper right"))
+        time_ax.legend(handles=[Patch(color=REGIME_COLOURS[r], label=r) for r in used], fontsize="small", loc="lower left")
+    return _finish(fig, f"Batch-size sweep: {_subject(rows)}", rows, path)
+
+
+def plot_lr(rows: list[dict], path: str | Path) -> Path:
+    """Test accuracy against the learning rate, per strategy (final training loss when the
+    cells ran steps, not whole epochs, and have no accuracy)."""
+    fig = Figure(figsize=(6.5, 4.5), layout="constrained")
+    ax = fig.subplots()
+    lines = series(rows, "lr", lambda r: r["test_accuracy"])
+    ylabel = "test accuracy"
+    if not lines:
+        lines, ylabel = series(rows, "lr", lambda r: r["final_loss"]), "final training loss"
+    _draw(ax, lines)
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel(ylabel)
+    return _finish(fig, f"Learning-rate sweep: {_subject(rows)}", rows, path)
+
+
+def plot_strong(rows: list[dict], path: str | Path) -> Path:
+    """Speedup over serial and parallel efficiency against workers, at a fixed global batch."""
+    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    speed_ax, eff_ax = fig.subplots(1, 2)
+    speedup = series(rows, "workers", lambda r: r["speedup"], by_workers=False)
+    _draw(speed_ax, speedup)
+    _draw(eff_ax, series(rows, "workers", lambda r: r["efficiency"], by_workers=False))
+    workers = sorted({p[0] for pts in speedup.values() for p in pts} | {1})
+    speed_ax.plot(workers, workers, "k--", label="ideal")
+    eff_ax.axhline(1.0, color="k", linestyle="--", label="ideal")
+    speed_ax.set_ylabel("speedup over serial")
+    eff_ax.set_ylabel("efficiency (speedup / workers)")
+    for ax in (speed_ax, eff_ax):
+        ax.set_xlabel("workers")
+        ax.set_xticks(workers)
+    return _finish(fig, f"Strong scaling: {_subject(rows)}, global batch {_batches(rows)}", rows, path)
+
+
+def plot_weak(rows: list[dict], path: str | Path) -> Path:
+    """Throughput and weak-scaling efficiency against workers, the per-worker batch fixed.
+
+    Ideal: W workers process W times the serial samples per second, i.e. the step time of
+    serial at the per-worker batch; efficiency = serial step time / the step time on W workers.
+    """
+    ok = [r for r in rows if r["status"] == "ok"]
+    serial = [r["step_seconds_median"] for r in ok if r["strategy"] == "serial"]
+    serial_step = statistics.median(serial) if serial else None
+    serial_rate = statistics.median(r["samples_per_s"] for r in ok if r["strategy"] == "serial") if serial else None
+    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    rate_ax, eff_ax = fig.subplots(1, 2)
+    rates = series(rows, "workers", lambda r: r["samples_per_s"], by_workers=False)
+    _draw(rate_ax, rates)
+    _draw(eff_ax, series(rows, "workers", lambda r: serial_step / r["step_seconds_median"] if serial_step else None, by_workers=False))
+    workers = sorted({p[0] for pts in rates.values() for p in pts} | {1})
+    if serial_rate:
+        rate_ax.plot(workers, [w * serial_rate for w in workers], "k--", label="ideal")
+        eff_ax.axhline(1.0, color="k", linestyle="--", label="ideal")
+    rate_ax.set_ylabel("samples per second")
+    eff_ax.set_ylabel("weak-scaling efficiency (serial step time / step time)")
+    for ax in (rate_ax, eff_ax):
+        ax.set_xlabel("workers")
+        ax.set_xticks(workers)
+    per_worker = min((r["batch_size"] for r in ok if r["strategy"] == "serial"), default="?")
+    return _finish(fig, f"Weak scaling: {_subject(rows)}, batch {per_worker} per worker", rows, path)
+
+
+def _batches(rows: list[dict]) -> str:
+    return ", ".join(str(b) for b in sorted({r["batch_size"] for r in rows}))

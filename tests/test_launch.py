@@ -1,0 +1,48 @@
+"""Launcher detection: each launcher's environment gives the same LaunchInfo fields."""
+
+from __future__ import annotations
+
+import pytest
+
+from partrain.distributed.launch import LaunchInfo, detect_launcher, first_slurm_host, free_port
+from partrain.errors import PartrainError
+
+
+def test_run_directly():
+    assert detect_launcher({}) == LaunchInfo("none")
+
+
+def test_torchrun():
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
+    assert detect_launcher(env) == LaunchInfo("torchrun", 3, 4, 1, 2, "10.0.0.1", 29400)
+
+
+def test_open_mpi_and_mpich():
+    ompi = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+    assert detect_launcher(ompi) == LaunchInfo("mpirun", 5, 8, 1, 4, "127.0.0.1", 29500)
+    pmi = {"PMI_RANK": "2", "PMI_SIZE": "3", "MASTER_ADDR": "node1"}
+    assert detect_launcher(pmi) == LaunchInfo("mpirun", 2, 3, 0, 3, "node1", 29500)
+
+
+def test_slurm_srun():
+    env = {"SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_LOCALID": "2", "SLURM_NNODES": "2", "SLURM_NODELIST": "gpu[07-08]"}
+    assert detect_launcher(env) == LaunchInfo("slurm", 6, 8, 2, 4, "gpu07", 29500)
+    assert detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}).launcher == "none"  # an allocation, not a launch
+
+
+@pytest.mark.parametrize("nodelist,first", [("node[03-05,09],gpu1", "node03"), ("a1,a2", "a1"), ("solo", "solo"), ("n[1,4]", "n1")])
+def test_first_slurm_host(nodelist, first):
+    assert first_slurm_host(nodelist) == first
+
+
+def test_bad_variable_is_a_clear_error():
+    with pytest.raises(PartrainError, match="RANK='x' is not an integer"):
+        detect_launcher({"RANK": "x", "WORLD_SIZE": "2"})
+
+
+def test_free_port_is_bindable():
+    import socket
+
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
