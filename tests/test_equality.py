@@ -75,7 +75,13 @@ def serial_cnn(tmp_path_factory, data_dir):
     return _run(tmp_path_factory.mktemp("serial_cnn"), data_dir, "serial", model="cnn")
 
 
+CNN_ONLY = [  # cases that need more blocks than the mlp's three
+    ("interleaved-1f1b", dict(strategy="1f1b", workers=2, schedule="interleaved-1f1b", stages_per_worker=2, microbatches=4)),
+    ("gpipe-recompute", dict(strategy="gpipe", workers=2, microbatches=4, recompute=True)),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name,overrides", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name,overrides", CASES + CNN_ONLY, ids=[c[0] for c in CASES + CNN_ONLY])
 def test_cnn_equals_serial(tmp_path, data_dir, serial_cnn, name, overrides):
     _assert_same(_run(tmp_path, data_dir, name, model="cnn", **overrides), serial_cnn)

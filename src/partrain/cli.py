@@ -293,6 +293,175 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+PROFILE_DIR_HELP = "profile cache directory (default: $PARTRAIN_PROFILE_DIR, else ~/.partrain/profiles)"
+
+
+def add_profile_parser(sub) -> None:
+    p = sub.add_parser(
+        "profile", help="profile a model block by block, or this machine's collectives (--hardware)",
+        description="Measure a model on one worker: per block and batch size forward and backward time, output and "
+        "saved-activation bytes, parameters, FLOPs; the optimizer step, the data loading, the process's baseline "
+        "memory. With --hardware: time allreduce, all-gather, reduce-scatter, broadcast and send/recv with local "
+        "workers over message sizes and fit latency + size / bandwidth. Profiles are cached and reused.",
+    )
+    add_data_args(p)
+    p.add_argument("--batch-sizes", type=_int_list, default=[8, 32], help="batch sizes to profile (default: 8,32)")
+    p.add_argument("--threads", type=int, help="intra-op threads (default: every core for a model, 1 per worker for --hardware)")
+    p.add_argument("--hardware", action="store_true", help="profile the collectives instead of a model")
+    p.add_argument("--workers", type=int, default=2, help="--hardware: local workers (default: 2; a launcher's world size under one)")
+    p.add_argument("--max-mb", type=float, default=64.0, help="--hardware: largest message in MiB (default: 64)")
+    p.add_argument("--profile-dir", help=PROFILE_DIR_HELP)
+    p.add_argument("--refresh", action="store_true", help="measure again even when a cached profile exists")
+    p.add_argument("--json", action="store_true", help="print the profile as JSON")
+    p.set_defaults(func=cmd_profile)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    import os
+
+    from rich.console import Console
+
+    from partrain.profile.collectives import default_sizes
+    from partrain.profile.hardware import hardware_path, hardware_table, profile_dir, profile_hardware
+    from partrain.profile.model import load_or_profile, profile_table
+
+    if args.hardware:
+        hw = profile_hardware(args.workers, default_sizes(int(args.max_mb * 2**20)), threads=args.threads or 1)
+        if hw is None:  # a launched worker other than rank 0
+            return 0
+        path = hw.save(hardware_path(profile_dir(args.profile_dir), hw.nodes * hw.workers_per_node))
+        print(json.dumps(hw.to_dict()) if args.json else "", end="\n" if args.json else "")
+        if not args.json:
+            Console(width=None if sys.stdout.isatty() else 200).print(hardware_table(hw))
+        print(f"hardware profile: {path}", file=sys.stderr)
+        return 0
+    options = {"activation": args.activation} if args.activation else {}
+    profile, path, reused = load_or_profile(
+        args.model, args.dataset, args.batch_sizes, args.threads or os.cpu_count() or 1, args.profile_dir,
+        args.data_dir, args.synthetic, options, refresh=args.refresh,
+    )
+    if args.json:
+        print(json.dumps(profile.to_dict()))
+    else:
+        Console(width=None if sys.stdout.isatty() else 200).print(profile_table(profile))
+    print(f"model profile: {path}{' (cached)' if reused else ''}", file=sys.stderr)
+    return 0
+
+
+def add_predict_parser(sub) -> None:
+    p = sub.add_parser(
+        "predict", help="predict time per step and epoch, memory and breakdown for every strategy",
+        description="Predict, for every strategy and the parameters that matter (pp x dp, micro-batches, schedule, "
+        "bucket size, averaging period), seconds per step and per epoch, peak memory per worker and the breakdown "
+        "compute / exposed communication / pipeline bubble / optimizer / data, from a model profile and this "
+        "machine's hardware profile (each measured first if not cached) or a cluster file.",
+    )
+    add_data_args(p)
+    p.add_argument("--workers", type=int, default=1, help="number of workers (default: 1)")
+    p.add_argument("--batch-size", type=int, default=64, help="global batch (default: 64)")
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
+    p.add_argument("--threads", type=int, help="intra-op threads per worker (default: cores / local workers, as train)")
+    p.add_argument("--strategies", type=_str_list, help="only these strategies (comma-separated)")
+    p.add_argument("--cluster", help="cluster TOML to predict for instead of this machine (see examples/cluster.toml)")
+    p.add_argument("--profile-batch-sizes", type=_int_list, help="model profile batch sizes (default: covering the plans)")
+    p.add_argument("--profile-dir", help=PROFILE_DIR_HELP)
+    p.add_argument("--all", action="store_true", help="also list the plans that cannot run, with the reason")
+    p.add_argument("--json", action="store_true", help="print the predictions as JSON")
+    p.set_defaults(func=cmd_predict)
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    import os
+
+    from rich.console import Console
+
+    from partrain.predict.strategies import (
+        candidate_plans, enumerate_plans, predict_plan, predictions_table, profile_batch_sizes,
+    )
+    from partrain.profile.hardware import hardware_for, load_cluster
+    from partrain.profile.model import load_or_profile
+
+    hw = load_cluster(args.cluster) if args.cluster else hardware_for(args.workers, args.profile_dir)[0]
+    local = args.workers if hw.nodes <= 1 else min(args.workers, hw.workers_per_node)
+    cores_here = os.cpu_count() or 1
+    threads = args.threads or max(1, cores_here // (1 if args.cluster else local))
+    options = {"activation": args.activation} if args.activation else {}
+    plans = candidate_plans(args.workers, args.batch_size)  # the profile is sized to cover every plan
+    sizes = args.profile_batch_sizes or profile_batch_sizes([b for plan in plans for b in plan.batch_sizes()])
+    profile, path, reused = load_or_profile(args.model, args.dataset, sizes, threads, args.profile_dir, args.data_dir,
+                                            args.synthetic, options)
+    checked = enumerate_plans(profile, args.workers, args.batch_size, args.optimizer, args.momentum, args.threads,
+                              with_invalid=True)
+    wanted = [(plan, why) for plan, why in checked if not args.strategies or plan.strategy in args.strategies]
+    predictions = [predict_plan(profile, hw, plan) for plan, why in wanted if why is None]
+    limit = hw.memory_limit_per_worker(local)
+    if args.json:
+        print(json.dumps({"hardware": hw.description, "memory_limit_bytes": limit, "model_profile": str(path),
+                          "predictions": [p.to_dict() for p in predictions],
+                          "invalid": [{"plan": p.label(), "reason": why} for p, why in wanted if why and args.all]}))
+        return 0
+    title = f"{args.model} on {args.dataset}, {args.workers} worker(s), batch {args.batch_size}, {hw.description}"
+    Console(width=None if sys.stdout.isatty() else 200).print(predictions_table(predictions, title, limit))
+    for plan, why in wanted:
+        if why and args.all:
+            print(f"  cannot run {plan.label()}: {why}")
+    print(f"model profile: {path}{' (cached)' if reused else ''}; memory limit {limit / 2**30:.1f} GiB per worker",
+          file=sys.stderr)
+    return 0
+
+
+def add_validate_parser(sub) -> None:
+    p = sub.add_parser(
+        "validate", help="hold predictions against the results store: error per strategy, memory, worst cases",
+        description="Predict every successful cell of the results store measured on this machine, with the "
+        "configuration it ran, and report the mean absolute percentage error of the time per step per strategy and "
+        "overall, the memory error, how often the predicted fastest strategy was the measured fastest, a "
+        "predicted-against-measured scatter plot and the worst cases.",
+    )
+    p.add_argument("--store", help=STORE_HELP)
+    p.add_argument("--data-dir", help="where the datasets are (default: $PARTRAIN_DATA_DIR, else ~/.partrain/data)")
+    p.add_argument("--profile-dir", help=PROFILE_DIR_HELP)
+    p.add_argument("--plot", default="partrain-validate.png", help="scatter plot PNG (default: partrain-validate.png)")
+    p.add_argument("--worst", type=int, default=10, help="worst cases to list (default: 10)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_validate)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from partrain.bench import Store
+    from partrain.predict.strategies import profile_batch_sizes
+    from partrain.predict.validate import plot_scatter, report_tables, validate
+    from partrain.profile.hardware import hardware_for
+    from partrain.profile.model import load_or_profile
+
+    with Store(args.store, create=False) as store:
+        rows = store.rows()
+    workers = max((r["workers"] for r in rows if r["status"] == "ok"), default=1)
+    hw = hardware_for(workers, args.profile_dir)[0]
+
+    def profile_for(cfg, needed):
+        profile = load_or_profile(cfg.model, cfg.dataset, profile_batch_sizes(needed), cfg.threads or 1,
+                                             args.profile_dir, args.data_dir, cfg.synthetic, cfg.model_options)[0]
+        return profile, profile.profile_seconds
+
+    report = validate(rows, profile_for, hw)
+    if not report.cases:
+        raise PartrainError("no successful cells measured on this machine in the store: run `partrain bench` first")
+    png = plot_scatter(report, args.plot)
+    if args.json:
+        print(json.dumps({**report.to_dict(), "plot": str(png)}))
+        return 0
+    for table in report_tables(report, args.worst):
+        Console(width=None if sys.stdout.isatty() else 200).print(table)
+    for line in report.skipped:
+        print(f"  skipped {line}")
+    print(f"plot: {png}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="partrain",
@@ -318,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_results_parser(sub)
     add_scale_parser(sub)
+    add_profile_parser(sub)
+    add_predict_parser(sub)
+    add_validate_parser(sub)
     return parser
 
 

@@ -19,7 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from partrain.config import RunConfig
 from partrain.data import dataset_spec, load_dataset
 from partrain.distributed.launch import LaunchInfo, detect_launcher
-from partrain.distributed.spawn import WORKER_ERROR_EXIT, spawn
+from partrain.distributed.spawn import spawn
 from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
 from partrain.train import RunResult, train_worker
@@ -52,9 +52,8 @@ def worker_main(cfg: RunConfig, show_progress: bool) -> RunResult | None:
     """Entry point of a spawned worker: its environment says which rank it is."""
     try:
         return train_worker(cfg, detect_launcher(), show_progress)
-    except PartrainError as err:
-        print(f"partrain: error: {err}", file=sys.stderr)
-        sys.exit(WORKER_ERROR_EXIT)
+    except PartrainError:
+        raise  # @record hands its message to the launcher, which raises it as one line
     except Exception:
         print(f"partrain: worker rank {os.environ.get('RANK', '?')} crashed:\n{traceback.format_exc()}", file=sys.stderr)
         raise

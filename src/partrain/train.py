@@ -93,7 +93,7 @@ def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
 
 def train_worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool = True) -> RunResult | None:
     """Run ``cfg`` as the worker ``info`` describes; returns the result on rank 0."""
-    threads = set_threads(cfg.threads, info.local_world_size)
+    threads = set_threads(cfg.threads, info.local_world_size, announce=show_progress and info.rank == 0)
     backend = init_process_group(info, cfg.backend, cfg.timeout_s)
     try:
         device = device_for(backend, info)

@@ -6,9 +6,10 @@ group), so that
 - every cell starts from cold processes: nothing one cell allocated, compiled or cached
   skews the next, and a crash or an out-of-memory kill takes down only that cell;
 - on timeout the whole group (the launcher and its workers) is killed at once;
-- if the runner itself is killed, the cell's launcher gets SIGKILL too (Linux
-  ``PR_SET_PDEATHSIG``), and its workers stop when they lose their launcher, so no orphan
-  keeps eating the cores the next run measures on.
+- if the runner itself is killed, the cell's launcher gets SIGTERM (Linux
+  ``PR_SET_PDEATHSIG``), on which PyTorch's elastic agent stops its workers, so no orphan
+  keeps eating the cores the next run measures on. (SIGKILL would kill the agent alone and
+  leave its workers training.)
 
 The price is a process start per cell (about 2 s to import torch, and the elastic launcher
 and data loading per worker), which is why step times are taken from the training loop's
@@ -166,9 +167,9 @@ def run_process(cmd: list[str], timeout: float, tick: Callable[[], None]) -> tup
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: be SIGKILLed when the runner dies (Linux; elsewhere a no-op)."""
+    """In the child, before exec: get SIGTERM when the runner dies (Linux; elsewhere a no-op)."""
     if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

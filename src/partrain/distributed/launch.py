@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -111,15 +112,22 @@ def default_backend(local_world_size: int) -> str:
     return "gloo"
 
 
-def set_threads(requested: int | None, local_world_size: int) -> int:
+def set_threads(requested: int | None, local_world_size: int, announce: bool = False) -> int:
     """Intra-op threads per worker: cores / local workers unless the user says otherwise.
 
     Oversubscribing (more busy threads than cores) slows every worker more than it helps,
-    so the default never does it; a user who asks for more gets what they asked for.
+    so the default never does it; a user who asks for more, or more workers than cores,
+    gets what they asked for, with a note on stderr (``announce``, rank 0) saying so.
     """
     cores = os.cpu_count() or 1
     threads = requested if requested is not None else max(1, cores // local_world_size)
     torch.set_num_threads(threads)
+    if announce and threads * local_world_size > cores:
+        print(
+            f"partrain: note: {local_world_size} workers x {threads} threads on {cores} cores is oversubscribed; "
+            "steps will be slower than with fewer busy threads",
+            file=sys.stderr,
+        )
     return threads
 
 

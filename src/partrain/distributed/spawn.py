@@ -19,9 +19,6 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from partrain.distributed.launch import free_port
 from partrain.errors import PartrainError
 
-WORKER_ERROR_EXIT = 3  # a worker's PartrainError: its one line is on stderr already
-
-
 class WorkerFailed(PartrainError):
     """A worker process died or raised; names the rank."""
 
@@ -46,7 +43,7 @@ def spawn(entrypoint: Callable, args: tuple, nprocs: int, monitor_interval: floa
         monitor_interval=monitor_interval,
         start_method="spawn",
     )
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"):
         # the agent logs every failure at length; workers print their own traceback instead
         logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # workers set their own count at start
@@ -54,8 +51,9 @@ def spawn(entrypoint: Callable, args: tuple, nprocs: int, monitor_interval: floa
         return elastic_launch(config, entrypoint=entrypoint)(*args)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
-        if failure.exitcode == WORKER_ERROR_EXIT:
-            raise WorkerFailed(f"worker rank {rank} stopped on an error (above)") from None
-        reason = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
-        reason = (reason or f"exit code {failure.exitcode}").strip().splitlines()[-1][:300]
+        message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
+        message = message.strip()
+        if message.startswith(f"{PartrainError.__name__}: "):  # bad input, found by a worker
+            raise PartrainError(message.removeprefix(f"{PartrainError.__name__}: ")) from None
+        reason = (message or f"exit code {failure.exitcode}").splitlines()[-1][:300]
         raise WorkerFailed(f"worker rank {rank} failed ({reason}); the other workers were stopped") from None

@@ -35,10 +35,13 @@ def contention(busy_threads: float, cores: float) -> float:
 
 
 def calibration(profile: ModelProfile, b: float) -> float:
-    """The whole model's forward + backward over the sum of its blocks' and the loss's, at ``b``."""
-    parts = [sum(blk.fwd_s[i] + blk.bwd_s[i] for blk in profile.blocks) + profile.loss_s[i]
-             for i in range(len(profile.batch_sizes))]
-    ratios = [whole / part if part > 0 else 1.0 for whole, part in zip(profile.model_fwd_bwd_s, parts)]
+    """The whole model's forward + backward (a measured serial step without its data loading and
+    optimizer step) over the sum of its blocks' and the loss's, at ``b``."""
+    ratios = []
+    for i in range(len(profile.batch_sizes)):
+        parts = sum(blk.fwd_s[i] + blk.bwd_s[i] for blk in profile.blocks) + profile.loss_s[i]
+        whole = profile.step_s[i] - profile.data_s[i] - profile.optimizer_s["sgd-momentum"]
+        ratios.append(whole / parts if parts > 0 and whole > 0 else 1.0)
     return interpolate(profile.batch_sizes, ratios, b)
 
 

@@ -61,9 +61,10 @@ class CostFit:
         ))
 
     def to_dict(self) -> list[dict]:
+        """Segments as JSON rows; ``bandwidth_gb_per_s`` is for the reader, ``seconds_per_byte`` is loaded."""
         return [
-            {"upto_bytes": None if math.isinf(s.upto_bytes) else s.upto_bytes,
-             "latency_s": s.latency_s, "bandwidth_bytes_per_s": None if s.seconds_per_byte == 0 else s.bandwidth}
+            {"upto_bytes": None if math.isinf(s.upto_bytes) else s.upto_bytes, "latency_s": s.latency_s,
+             "seconds_per_byte": s.seconds_per_byte, "bandwidth_gb_per_s": None if s.seconds_per_byte == 0 else s.bandwidth / 1e9}
             for s in self.segments
         ]
 
@@ -71,7 +72,7 @@ class CostFit:
     def from_dict(cls, rows: list[dict]) -> CostFit:
         return cls(tuple(
             Segment(math.inf if r["upto_bytes"] is None else float(r["upto_bytes"]), float(r["latency_s"]),
-                    0.0 if r["bandwidth_bytes_per_s"] is None else 1.0 / float(r["bandwidth_bytes_per_s"]))
+                    float(r["seconds_per_byte"]))
             for r in rows
         ))
 

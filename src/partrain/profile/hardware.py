@@ -18,10 +18,8 @@ hardware fingerprint so a profile taken on other hardware is never reused by mis
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import platform
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from partrain.bench.hardware import fingerprint as machine
 from partrain.errors import PartrainError
 from partrain.profile.collectives import CostFit, default_sizes, fit_cost, measure_collectives
 
@@ -44,25 +43,9 @@ def profile_dir(path: str | os.PathLike | None = None) -> Path:
     return Path(chosen).expanduser().absolute()
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def host_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def fingerprint() -> str:
-    """A short hash of what decides speed here: CPU, cores, GPUs and the torch build."""
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    text = "|".join([cpu_name(), str(os.cpu_count()), platform.machine(), torch.__version__, *gpus])
-    return hashlib.sha1(text.encode()).hexdigest()[:10]
+    """This machine's hardware hash, the one the results store keys its measurements by."""
+    return machine().hash
 
 
 @dataclass
@@ -278,18 +261,70 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
     links, collectives = fit_measurements(raw)
     local = raw["local_world_size"]
     cuda = raw["backend"] == "nccl"
+    here = machine()
     return HardwareProfile(
-        fingerprint=fingerprint(),
-        description=torch.cuda.get_device_name(0) if cuda else f"{cpu_name()}, {os.cpu_count()} cores",
+        fingerprint=here.hash,
+        description=here.describe(),
         backend=raw["backend"],
         nodes=raw["world_size"] // local,
         workers_per_node=local,
-        cores_per_node=os.cpu_count() or 1,
-        device_memory_bytes=torch.cuda.get_device_properties(0).total_memory if cuda else host_memory_bytes(),
+        cores_per_node=here.cpu_cores,
+        device_memory_bytes=torch.cuda.get_device_properties(0).total_memory if cuda else here.memory_gib * 2**30,
         shared_memory=not cuda,
         links=links,
         collectives=collectives,
         process_group_rss_bytes=raw["process_group_rss_bytes"],
         notes=raw["notes"],
-        points={tier: {str(k): v for k, v in by.items()} for tier, by in raw["tiers"].items()},
+        points=json.loads(json.dumps({tier: {str(k): v for k, v in by.items()} for tier, by in raw["tiers"].items()})),
     )
+
+
+def local_hardware() -> HardwareProfile:
+    """This machine without collective timings: enough for one worker, which communicates nothing."""
+    here = machine()
+    cuda = here.gpu_count > 0
+    return HardwareProfile(here.hash, here.describe(), here.backend, 1, 1, here.cpu_cores,
+                           here.memory_gib * 2**30, shared_memory=not cuda, source="local, no collectives measured")
+
+
+def hardware_for(workers: int, directory=None, refresh: bool = False) -> tuple[HardwareProfile, Path | None, bool]:
+    """This machine's hardware profile for ``workers``: (profile, path, reused).
+
+    One worker needs none. Otherwise the cached profile measured with ``workers`` workers,
+    else the cached one with the most workers (other group sizes are derived from it, see
+    ``predict.comm``), else a new measurement with ``workers`` workers, saved.
+    """
+    if workers <= 1:
+        return local_hardware(), None, True
+    directory = profile_dir(directory)
+    exact = hardware_path(directory, workers)
+    cached = sorted(directory.glob(f"hardware-w*-{fingerprint()}.json"), key=lambda p: int(p.name.split("-")[1][1:]))
+    if not refresh and (exact.is_file() or cached):
+        path = exact if exact.is_file() else cached[-1]
+        return HardwareProfile.load(path), path, True
+    profile = profile_hardware(workers)
+    return profile, profile.save(exact), False
+
+
+def hardware_table(hw: HardwareProfile):
+    """A rich table of the fitted collectives: latency and bandwidth per size range."""
+    from rich.table import Table
+
+    table = Table(title=f"{hw.description}: {hw.nodes} node(s) x {hw.workers_per_node} workers, {hw.backend}")
+    for name in ("tier", "ranks", "collective", "fit: latency + bytes / bandwidth, per size range"):
+        table.add_column(name)
+    for tier, by_size in hw.collectives.items():
+        for p, fits in sorted(by_size.items()):
+            for name, fit in fits.items():
+                table.add_row(tier, str(p), name, ";  ".join(_segment_text(s) for s in fit.segments))
+    for tier, link in hw.links.items():
+        if tier not in hw.collectives:
+            table.add_row(tier, "2", "link", _segment_text(link.segments[0]))
+    table.caption = "; ".join(hw.notes) or None
+    return table
+
+
+def _segment_text(seg) -> str:
+    upto = "" if seg.upto_bytes == float("inf") else f"<= {seg.upto_bytes / 1024:g} KiB: "
+    bandwidth = "inf" if seg.seconds_per_byte == 0 else f"{seg.bandwidth / 1e9:.2f} GB/s"
+    return f"{upto}{seg.latency_s * 1e6:.0f} us + n / {bandwidth}"

@@ -3,16 +3,17 @@
 For every pipeline block (``models.model_blocks``) and every profiled batch size:
 forward and backward seconds, output bytes (what a stage boundary sends), the bytes
 autograd keeps for backward, and FLOPs (``torch.utils.flop_counter``); once per model:
-the optimizer step (SGD with and without momentum, Adam), the loss, a whole
-forward + backward (to calibrate the sum of the isolated blocks against the model run
-in one piece), a whole serial training step, the data loading time per batch, and the
+the optimizer step (SGD with and without momentum, Adam), the loss, a whole serial
+training step (which calibrates the sum of the isolated blocks against the model run in
+one piece), the data loading time per batch, and the
 resident memory of a fresh process that has imported torch, loaded the data and built
 the model (the baseline every worker's ``ru_maxrss`` starts from).
 
 Profiles are cached as JSON in the profile directory (``profile.hardware.profile_dir``),
 keyed by model, dataset, batch sizes, threads and the hardware fingerprint, and reused by
-every later prediction. Cost: about ``repeats + 2`` forward/backward passes per batch size,
-plus a few seconds for the baseline process (it imports torch).
+every later prediction. Cost: about nine forward/backward passes of the model per batch
+size (an instrumented one, then four of each block and four whole steps, the first of
+each a warm-up), plus a few seconds for the baseline process (it imports torch).
 """
 
 from __future__ import annotations
@@ -74,8 +75,7 @@ class ModelProfile:
     train_samples: int  # samples in the train split as loaded (an epoch's worth)
     blocks: list[BlockProfile]
     loss_s: list[float]  # cross-entropy forward + backward
-    model_fwd_bwd_s: list[float]  # the whole model and loss, forward + backward, in one piece
-    step_s: list[float]  # a whole serial training step: data, forward, backward, optimizer
+    step_s: list[float]  # a whole serial training step: data, forward, backward, SGD-momentum step
     data_s: list[float]  # loading one batch from the in-memory dataset
     optimizer_s: dict[str, float]  # one step over all parameters, per optimizer
     baseline_rss_bytes: int  # resident set of a fresh worker-like process: torch, data, model
@@ -109,19 +109,22 @@ class ModelProfile:
 # ---- measuring ----------------------------------------------------------------------------
 
 
-def _median_time(run: Callable[[], object], before: Callable[[], object] | None = None) -> float:
-    """Median seconds of ``run`` after one warm-up; ``before`` runs untimed ahead of each call."""
-    if before:
-        before()
+def _median_times(run: Callable[[], tuple[float, ...]]) -> list[float]:
+    """Per component, the median seconds ``run`` reports, after one warm-up call."""
     run()
-    samples: list[float] = []
-    while len(samples) < MIN_REPEATS or (sum(samples) < TARGET_S and len(samples) < MAX_REPEATS):
-        if before:
-            before()
+    samples: list[tuple[float, ...]] = []
+    while len(samples) < MIN_REPEATS or (sum(map(sum, samples)) < TARGET_S and len(samples) < MAX_REPEATS):
+        samples.append(run())
+    return [statistics.median(col) for col in zip(*samples)]
+
+
+def _timed(fn: Callable[[], object]) -> Callable[[], tuple[float]]:
+    def run() -> tuple[float]:
         start = time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        fn()
+        return (time.perf_counter() - start,)
+
+    return run
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:
@@ -149,27 +152,27 @@ def _inspect_block(block: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int
     return out.detach(), activations, in_ptr in saved, saves_output, flops.get_total_flops()
 
 
-def _time_block(block: nn.Module, x: torch.Tensor, needs_grad: bool) -> tuple[float, float]:
-    """Median forward and backward seconds of ``block`` on ``x`` (fresh gradients each time)."""
-    state: dict = {}
+def _time_block(block: nn.Module, x: torch.Tensor, needs_grad: bool) -> list[float]:
+    """Median [forward, backward] seconds of ``block`` on ``x``, with fresh gradients each time
+    (the training loop zeroes them to None every step)."""
+    grad = None
 
-    def forward():
-        state["out"] = block(x.detach().requires_grad_(needs_grad))
-
-    def backward():
-        state["out"].backward(state["grad"])
-
-    def fresh():
+    def run() -> tuple[float, float]:
+        nonlocal grad
         block.zero_grad(set_to_none=True)
-        forward()
-        state["grad"] = torch.ones_like(state["out"])
+        inp = x.detach().requires_grad_(needs_grad)
+        start = time.perf_counter()
+        out = block(inp)
+        mid = time.perf_counter()
+        grad = torch.ones_like(out) if grad is None else grad
+        out.backward(grad)
+        return mid - start, time.perf_counter() - mid
 
-    fwd = _median_time(forward, before=lambda: block.zero_grad(set_to_none=True))
-    bwd = _median_time(backward, before=fresh)
-    return fwd, bwd
+    return _median_times(run)
 
 
 def _time_optimizer(params: list[nn.Parameter], kind: str) -> float:
+    """Median seconds of one ``kind`` optimizer step over ``params`` (gradients of ones)."""
     if not params:
         return 0.0
     for p in params:
@@ -178,7 +181,7 @@ def _time_optimizer(params: list[nn.Parameter], kind: str) -> float:
         opt = torch.optim.Adam(params, lr=1e-12)
     else:
         opt = torch.optim.SGD(params, lr=1e-12, momentum=0.9 if kind == "sgd-momentum" else 0.0)
-    seconds = _median_time(opt.step)  # the warm-up step allocates the optimizer state
+    seconds = _median_times(_timed(opt.step))[0]  # the warm-up step allocates the optimizer state
     for p in params:
         p.grad = None
     return seconds
@@ -199,17 +202,11 @@ def _profile_blocks(blocks: list[nn.Module], x: torch.Tensor) -> list[dict]:
 
 
 def _time_whole(model: nn.Module, train_set, batch: int, opt: torch.optim.Optimizer) -> dict[str, float]:
-    """Loss, model forward+backward and a serial step (as ``train.py`` takes it) at ``batch``."""
+    """Loss, data loading and a whole serial step (as ``train.py`` takes it) at ``batch``."""
     n = len(train_set)
     idx = lambda: torch.randint(0, n, (batch,))  # noqa: E731
     x, y = train_set.get(idx())
     logits = model(x).detach().requires_grad_()
-
-    def loss():
-        F.cross_entropy(logits, y).backward()
-
-    def fwd_bwd():
-        F.cross_entropy(model(x), y).backward()
 
     def step():
         xb, yb = train_set.get(idx())
@@ -217,9 +214,9 @@ def _time_whole(model: nn.Module, train_set, batch: int, opt: torch.optim.Optimi
         F.cross_entropy(model(xb), yb).backward()
         opt.step()
 
-    zero = lambda: model.zero_grad(set_to_none=True)  # noqa: E731
-    return {"loss_s": _median_time(loss), "model_fwd_bwd_s": _median_time(fwd_bwd, before=zero),
-            "step_s": _median_time(step), "data_s": _median_time(lambda: train_set.get(idx()))}
+    loss = _median_times(_timed(lambda: F.cross_entropy(logits, y).backward()))[0]
+    return {"loss_s": loss, "step_s": _median_times(_timed(step))[0],
+            "data_s": _median_times(_timed(lambda: train_set.get(idx())))[0]}
 
 
 def baseline_probe() -> None:
@@ -287,8 +284,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         model=model, dataset=dataset, synthetic=synthetic, batch_sizes=batch_sizes, threads=threads,
         fingerprint=fingerprint(), input_shape=list(spec.input_shape),
         input_bytes=4 * int(torch.tensor(spec.input_shape).prod()), train_samples=len(train_set),
-        blocks=block_profiles, loss_s=whole["loss_s"], model_fwd_bwd_s=whole["model_fwd_bwd_s"],
-        step_s=whole["step_s"], data_s=whole["data_s"], optimizer_s=optimizer_s, baseline_rss_bytes=rss,
+        blocks=block_profiles, loss_s=whole["loss_s"], step_s=whole["step_s"], data_s=whole["data_s"], optimizer_s=optimizer_s, baseline_rss_bytes=rss,
         baseline_peak_rss_bytes=peak, profile_seconds=time.perf_counter() - started, options=options,
     )
 
@@ -338,3 +334,23 @@ def load_or_profile(model: str, dataset: str, batch_sizes: list[int], threads: i
     profile = profile_model(model, dataset, batch_sizes, threads, data_dir, synthetic, options)
     profile.save(path)
     return profile, path, False
+
+
+def profile_table(profile: ModelProfile):
+    """A rich table of the blocks; each cell lists its value at every profiled batch size."""
+    from rich.table import Table
+
+    sizes = "/".join(map(str, profile.batch_sizes))
+    table = Table(title=f"{profile.model} on {profile.dataset}, batch {sizes}, {profile.threads} thread(s)")
+    for name in ("block", "params", "fwd ms", "bwd ms", "output KiB", "saved KiB", "MFLOP"):
+        table.add_column(name, justify="left" if name == "block" else "right")
+    join = lambda values, scale, fmt: " / ".join(format(v * scale, fmt) for v in values)  # noqa: E731
+    for blk in profile.blocks:
+        table.add_row(blk.name, f"{blk.params:,}", join(blk.fwd_s, 1e3, ".3f"), join(blk.bwd_s, 1e3, ".3f"),
+                      join(blk.out_bytes, 1 / 1024, ".0f"), join(blk.saved_bytes, 1 / 1024, ".0f"),
+                      join(blk.flops, 1e-6, ".1f"))
+    opt = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in profile.optimizer_s.items())
+    table.caption = (f"serial step {join(profile.step_s, 1e3, '.2f')} ms, data {join(profile.data_s, 1e3, '.3f')} ms, "
+                     f"optimizer ms: {opt}; baseline RSS {profile.baseline_rss_bytes / 2**20:.0f} MiB "
+                     f"(peak {profile.baseline_peak_rss_bytes / 2**20:.0f}); profiled in {profile.profile_seconds:.1f} s")
+    return table

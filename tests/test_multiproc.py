@@ -1,0 +1,95 @@
+"""Multi-process gloo groups on 127.0.0.1: failure handling, multi-node launch, async strategies."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from partrain.config import RunConfig
+from partrain.distributed.launch import free_port
+from partrain.distributed.spawn import WorkerFailed
+from partrain.runner import run_training
+
+pytestmark = pytest.mark.multiproc
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_dead_worker_fails_the_run_naming_its_rank(data_dir):
+    cfg = RunConfig(model="tests.faulty:dies_on_rank1", strategy="ddp", workers=2, steps=10, data_dir=str(data_dir),
+                    threads=1, evaluate=False, timeout_s=30)
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed, match="worker rank 1 failed"):
+        run_training(cfg, show_progress=False)
+    assert time.monotonic() - start < 60  # the survivor is stopped, not left waiting on its peer
+
+
+def test_a_worker_error_is_one_line_and_exit_status_2(data_dir, tmp_path):
+    # bad input that only the workers can find (a checkpoint directory without their files)
+    proc = subprocess.run(
+        [sys.executable, "-m", "partrain", "train", "--strategy", "ddp", "--workers", "2", "--resume", str(tmp_path),
+         "--data-dir", str(data_dir), "--steps", "2"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()  # one line, whichever worker found it first
+    assert line.startswith("partrain: error: no checkpoint for rank ")
+    assert line.endswith(f"in {tmp_path}: resume with the directory given to --checkpoint")
+
+
+def _torchrun_nodes(data_dir, nproc: int, train_args: list[str]) -> list[subprocess.CompletedProcess]:
+    """Two torchrun launchers, node ranks 0 and 1, meeting at a rendezvous on 127.0.0.1."""
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", str(nproc),
+             "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+             "-m", "partrain", "train", "--data-dir", str(data_dir), "--threads", "1", "--json", *train_args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        for node in (0, 1)
+    ]
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=180)
+            outs.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    finally:
+        for p in procs:
+            p.kill()
+    for o in outs:
+        assert o.returncode == 0, o.stderr[-2000:]
+    return outs
+
+
+def _serial_losses(data_dir, **kw):
+    return run_training(RunConfig(data_dir=str(data_dir), threads=1, **kw), show_progress=False).step_losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy,nproc,extra", [("ddp", 1, []), ("hybrid", 2, ["--pp", "2", "--dp", "2", "--microbatches", "2"])])
+def test_two_nodes_under_torchrun(data_dir, strategy, nproc, extra):
+    args = ["--strategy", strategy, "--steps", "10", "--no-eval", *extra]
+    node0, node1 = _torchrun_nodes(data_dir, nproc, args)
+    result = json.loads(node0.stdout.strip().splitlines()[-1])  # rank 0 lives on node 0 and reports
+    assert result["world_size"] == 2 * nproc and node1.stdout.strip() == ""
+    reference = _serial_losses(data_dir, steps=10, evaluate=False)
+    assert result["step_losses"] == pytest.approx(reference, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_local_sgd_averaged_once_an_epoch_reaches_97_percent(data_dir):
+    r = run_training(RunConfig(strategy="local-sgd", workers=2, average_every="epoch", epochs=5, data_dir=str(data_dir)),
+                     show_progress=False)
+    assert r.test_accuracy >= 0.97, [e.test_accuracy for e in r.epochs]
+
+
+@pytest.mark.slow
+def test_hogwild_two_workers_reaches_97_percent(data_dir):
+    r = run_training(RunConfig(strategy="hogwild", workers=2, epochs=5, data_dir=str(data_dir)), show_progress=False)
+    assert r.test_accuracy >= 0.97, [e.test_accuracy for e in r.epochs]

@@ -1,0 +1,289 @@
+"""The predictor: collective fits, the pipeline simulation, the memory model, per-strategy
+predictions on a user factory and a cluster file, and validation against stored cells."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
+
+from partrain.cli import build_parser, config_from_args, main
+from partrain.config import RunConfig
+from partrain.models import build_model, model_blocks
+from partrain.predict import Plan, check_plan, enumerate_plans, predict_plan
+from partrain.predict.comm import collective_time, transfer_time
+from partrain.predict.compute import interpolate
+from partrain.predict.memory import optimizer_state_bytes, stage_state
+from partrain.predict.pipeline_sim import PipelineCosts, Segment, schedule_order, simulate
+from partrain.predict.strategies import ddp_buckets, overlapped_allreduce, profile_batch_sizes
+from partrain.predict.validate import Report, plot_scatter, spearman, validate
+from partrain.profile.collectives import CostFit, fit_cost
+from partrain.profile.hardware import load_cluster
+from partrain.profile.model import profile_model
+
+EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster.toml"
+
+
+# ---- collective fits ----------------------------------------------------------------------
+
+
+def test_fit_recovers_latency_and_bandwidth():
+    rng = random.Random(0)
+    latency, bandwidth = 40e-6, 2.5e9
+    sizes = [16 * 4**k for k in range(12)]
+    times = [(latency + n / bandwidth) * rng.uniform(0.98, 1.02) for n in sizes]
+    fit = fit_cost(sizes, times)
+    assert len(fit.segments) == 1
+    seg = fit.segments[0]
+    assert seg.latency_s == pytest.approx(latency, rel=0.03)
+    assert seg.bandwidth == pytest.approx(bandwidth, rel=0.03)
+
+
+def test_fit_goes_piecewise_where_one_line_does_not_fit():
+    # a latency-bound protocol up to 64 KiB, another (slower start, faster links) beyond
+    small, large = (5e-6, 0.5e9), (200e-6, 5e9)
+    sizes = [16 * 4**k for k in range(12)]
+    times = [(small[0] + n / small[1]) if n <= 65536 else (large[0] + n / large[1]) for n in sizes]
+    fit = fit_cost(sizes, times)
+    assert len(fit.segments) >= 2
+    for n, t in zip(sizes, times):
+        assert fit.time(n) == pytest.approx(t, rel=0.15)
+    assert fit.segments[-1].bandwidth == pytest.approx(large[1], rel=0.05)
+
+
+def test_costfit_dict_round_trip():
+    fit = fit_cost([16, 1024, 65536, 2**22], [1e-5, 1.2e-5, 5e-5, 2e-3])
+    assert CostFit.from_dict(json.loads(json.dumps(fit.to_dict()))) == fit
+
+
+def test_ring_allreduce_on_a_cluster_file():
+    hw = load_cluster(EXAMPLE_CLUSTER)
+    n, p = 100e6, 4
+    alpha, beta = 5e-6, 150e9  # the example's intra-node link
+    expected = 2 * (p - 1) / p * n / beta + 2 * (p - 1) * alpha  # Patarasuk & Yuan 2009
+    assert collective_time(hw, "allreduce", n, [0, 1, 2, 3]) == pytest.approx(expected)
+    across = collective_time(hw, "allreduce", n, [0, 4, 8, 12])  # one worker per node: the slower link
+    assert across == pytest.approx(2 * 3 / 4 * n / 12.5e9 + 2 * 3 * 15e-6)
+    assert transfer_time(hw, n, 3, 4) > transfer_time(hw, n, 2, 3) > 0 == transfer_time(hw, n, 1, 1)
+
+
+# ---- the pipeline simulation --------------------------------------------------------------
+
+
+def _equal_stages(p: int, fwd: float = 1.0, bwd: float = 2.0) -> PipelineCosts:
+    return PipelineCosts((fwd,) * p, (bwd,) * p, (0.0,) * p, (0.0,) * p)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(2, 2), (2, 8), (3, 5), (4, 4), (4, 16)])
+def test_textbook_bubble(schedule, p, m):
+    sim = simulate(schedule_order(schedule, p, m), _equal_stages(p))
+    assert sim.step_s == pytest.approx((m + p - 1) * 3.0)
+    assert sim.bubble_fraction(0) == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.parametrize("p,v,m", [(2, 2, 4), (4, 2, 8), (2, 3, 4), (4, 2, 4)])
+def test_interleaving_divides_the_bubble(p, v, m):
+    sim = simulate(schedule_order("interleaved-1f1b", p, m, v), _equal_stages(p * v, 1.0 / v, 2.0 / v))
+    assert sim.bubble_fraction(0) == pytest.approx((p - 1) / (v * m + p - 1))  # Narayanan et al. 2021
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 12)])
+def test_activations_in_flight(p, m):
+    gpipe = simulate(schedule_order("gpipe", p, m), _equal_stages(p))
+    one_f_one_b = simulate(schedule_order("1f1b", p, m), _equal_stages(p))
+    assert gpipe.max_in_flight == [m] * p
+    assert one_f_one_b.max_in_flight == [min(m, p - s) for s in range(p)]
+    assert max(one_f_one_b.max_in_flight) <= p
+
+
+@pytest.mark.parametrize("p,v,m", [(2, 2, 4), (4, 2, 8), (2, 3, 6), (4, 2, 12)])
+def test_interleaved_order_is_torchs(p, v, m):
+    rounds = max(1, m // p)
+    for rank, ours in enumerate(schedule_order("interleaved-1f1b", p, m, v)):
+        fake = SimpleNamespace(n_local_stages=v, microbatches_per_round=m // rounds, pp_group_size=p, _n_microbatches=m)
+        theirs = ScheduleInterleaved1F1B._calculate_single_rank_operations(fake, rank)
+        kinds = {_ComputationType.FORWARD: "F", _ComputationType.FULL_BACKWARD: "B"}
+        theirs = [(kinds[a.computation_type], a.stage_index, a.microbatch_index) for a in theirs if a is not None]
+        assert [(a.kind, a.stage, a.mb) for a in ours] == theirs
+
+
+def test_transfers_and_segments_lengthen_the_step():
+    p, m = 2, 4
+    base = simulate(schedule_order("1f1b", p, m), _equal_stages(p))
+    slow_link = PipelineCosts((1.0,) * p, (2.0,) * p, (0.5, 0.0), (0.0, 0.5))
+    assert simulate(schedule_order("1f1b", p, m), slow_link).step_s > base.step_s
+    around = PipelineCosts((1.0,) * p, (2.0,) * p, (0.0,) * p, (0.0,) * p,
+                           before=((Segment("data", 1.0),), ()), after=((Segment("optimizer", 0.5),), (Segment("optimizer", 0.5),)))
+    sim = simulate(schedule_order("1f1b", p, m), around)
+    assert sim.busy[0]["data"] == pytest.approx(1.0)
+    assert sim.busy[0]["optimizer"] == pytest.approx(0.5)
+    assert sim.step_s >= base.step_s + 1.5
+
+
+def test_processor_sharing_slows_concurrent_compute():
+    # GPipe with one micro-batch per stage and no dependencies between ranks' steady work:
+    # two ranks computing at once on one core take twice as long as on two cores
+    p, m = 2, 8
+    free = simulate(schedule_order("gpipe", p, m), _equal_stages(p), cpu_slots=2)
+    shared = simulate(schedule_order("gpipe", p, m), _equal_stages(p), cpu_slots=1)
+    assert shared.step_s > free.step_s * 1.5
+    assert shared.step_s <= 2 * free.step_s + 1e-9
+
+
+# ---- data parallel ------------------------------------------------------------------------
+
+
+def test_ddp_buckets_fill_in_reverse():
+    mib = 2**20
+    buckets = ddp_buckets([3 * mib, 1 * mib, 2 * mib], cap_bytes=2 * mib)
+    assert [n for n, _ in buckets] == [2 * mib, 2 * mib, 2 * mib]
+    assert [first for _, first in buckets] == [2, 0, 0]  # the second bucket waits for block 0
+    assert ddp_buckets([100, 200], cap_bytes=25 * mib) == [(300, 0)]
+
+
+def test_overlapped_allreduce_hides_what_backward_covers():
+    assert overlapped_allreduce([1.0, 3.0], [0.5, 0.5], backward_s=3.0) == pytest.approx(0.5)
+    assert overlapped_allreduce([1.0, 1.5], [2.0, 2.0], backward_s=3.0) == pytest.approx(2.0)
+
+
+def test_interpolation_is_piecewise_linear_and_extrapolates():
+    assert interpolate([8, 32], [1.0, 4.0], 16) == pytest.approx(2.0)
+    assert interpolate([8, 32], [1.0, 4.0], 64) == pytest.approx(8.0)
+    assert interpolate([8, 32], [1.0, 4.0], 4) == pytest.approx(0.5)
+    assert interpolate([8], [2.0], 4) == pytest.approx(1.0)
+
+
+# ---- memory -------------------------------------------------------------------------------
+
+
+def _state_bytes(opt: torch.optim.Optimizer) -> int:
+    return sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
+
+
+@pytest.mark.parametrize("optimizer,momentum", [("sgd", 0.0), ("sgd", 0.9), ("adam", 0.0)])
+def test_memory_model_matches_torch_state(optimizer, momentum, mlp_profile):
+    model = build_model("mlp", (1, 28, 28), 10)
+    params = list(model.parameters())
+    opt = torch.optim.Adam(params) if optimizer == "adam" else torch.optim.SGD(params, lr=0.1, momentum=momentum)
+    torch.nn.functional.cross_entropy(model(torch.randn(4, 1, 28, 28)), torch.arange(4)).backward()
+    opt.step()
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in params)
+    assert optimizer_state_bytes(param_bytes, len(params), optimizer, momentum) == _state_bytes(opt)
+    grads, state = stage_state(mlp_profile, 0, len(mlp_profile.blocks), optimizer, momentum)
+    assert (grads, state) == (grad_bytes, _state_bytes(opt))
+
+
+def test_gpipe_keeps_more_activations_than_1f1b(mlp_profile, cluster):
+    common = dict(workers=2, batch_size=64, pp=2, microbatches=8)
+    gpipe = predict_plan(mlp_profile, cluster, Plan("gpipe", schedule="gpipe", **common))
+    ofob = predict_plan(mlp_profile, cluster, Plan("1f1b", schedule="1f1b", **common))
+    recompute = predict_plan(mlp_profile, cluster, Plan("1f1b", schedule="1f1b", recompute=True, **common))
+    assert gpipe.memory.activations > ofob.memory.activations >= recompute.memory.activations
+    fsdp = predict_plan(mlp_profile, cluster, Plan("fsdp", workers=4, dp=4, batch_size=64))
+    ddp = predict_plan(mlp_profile, cluster, Plan("ddp", workers=4, dp=4, batch_size=64))
+    assert fsdp.memory.optimizer * 4 == pytest.approx(ddp.memory.optimizer, rel=0.01)
+
+
+# ---- predictions --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mlp_profile():
+    return profile_model("mlp", "mnist", [4, 16], threads=1, synthetic=True)
+
+
+@pytest.fixture(scope="module")
+def factory_profile():
+    return profile_model("tests.userfactory:build", "mnist", [4, 16], threads=1, synthetic=True)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return load_cluster(EXAMPLE_CLUSTER)
+
+
+def test_every_plan_on_a_user_factory(factory_profile, cluster):
+    plans = enumerate_plans(factory_profile, workers=2, batch_size=32)
+    strategies = {p.strategy for p in plans}
+    assert {"ddp", "local-sgd", "fsdp", "gpipe", "1f1b", "model-parallel"} <= strategies
+    for plan in plans:
+        pred = predict_plan(factory_profile, cluster, plan)
+        assert pred.seconds_per_step > 0 and pred.memory_bytes_per_worker > 0
+        parts = pred.compute_s + pred.comm_s + pred.bubble_s + pred.optimizer_s + pred.data_s
+        assert parts == pytest.approx(pred.seconds_per_step, rel=1e-6, abs=1e-9)
+        assert pred.seconds_per_epoch == pytest.approx(pred.seconds_per_step * pred.steps_per_epoch)
+        assert pred.fits(cluster.device_memory_bytes) and not pred.fits(1)
+    # the factory has two blocks: no four-stage pipeline, and the reason says so
+    reasons = dict(enumerate_plans(factory_profile, workers=4, batch_size=32, with_invalid=True))
+    assert any("blocks" in (why or "") for why in reasons.values())
+
+
+def test_plan_cli_args_round_trip(mlp_profile):
+    for plan in enumerate_plans(mlp_profile, workers=4, batch_size=64):
+        args = build_parser().parse_args(["train", "--model", "mlp", *plan.cli_args()])
+        assert Plan.from_config(config_from_args(args)) == plan, plan.label()
+
+
+def test_check_plan_names_the_problem(mlp_profile):
+    assert check_plan(mlp_profile, Plan("gpipe", workers=2, batch_size=30, pp=2, microbatches=4, schedule="gpipe"))
+    assert check_plan(mlp_profile, Plan("ddp", workers=2, batch_size=64, dp=2)) is None
+
+
+def test_profile_batch_sizes_cover_the_plans():
+    assert profile_batch_sizes([8, 32, 64]) == [8, 32, 64]
+    assert profile_batch_sizes([4, 8, 16, 32, 64]) == [4, 16, 64]
+    assert profile_batch_sizes([6, 6]) == [4, 6]
+
+
+def test_predict_cli_on_a_user_factory_and_a_cluster(tmp_path, capsys):
+    status = main(["predict", "--model", "tests.userfactory:build", "--synthetic", "--workers", "4", "--batch-size", "32",
+                   "--cluster", str(EXAMPLE_CLUSTER), "--profile-dir", str(tmp_path), "--threads", "1", "--json"])
+    assert status == 0
+    out = json.loads(capsys.readouterr().out)
+    labels = {p["label"] for p in out["predictions"]}
+    assert any(label.startswith("ddp") for label in labels) and any(label.startswith("hybrid") for label in labels)
+    assert all(p["seconds_per_step"] > 0 for p in out["predictions"])
+    assert len(list(tmp_path.glob("model-*.json"))) == 1  # profiled once, cached
+
+
+# ---- validation ---------------------------------------------------------------------------
+
+
+def _row(cfg: RunConfig, seconds: float, memory: int, hardware: str) -> dict:
+    run = {**cfg.to_dict(), "resolved": {"pp": cfg.dims.pp, "dp": cfg.dims.dp}}
+    return {"status": "ok", "hardware_hash": hardware, "config": json.dumps({"cell": {}, "run": run}),
+            "step_seconds_median": seconds, "peak_memory_per_worker": json.dumps([memory] * cfg.workers),
+            "peak_memory_bytes": memory, "threads": 1, "wall_seconds": 10.0}
+
+
+def test_validate_reports_errors_per_strategy(mlp_profile, cluster, tmp_path):
+    configs = [RunConfig(model="mlp", strategy="ddp", workers=2), RunConfig(model="mlp", strategy="gpipe", workers=2),
+               RunConfig(model="mlp", strategy="1f1b", workers=2)]
+    truth = [predict_plan(mlp_profile, cluster, Plan.from_config(c)) for c in configs]
+    rows = [_row(c, p.seconds_per_step * f, p.memory_bytes_per_worker, cluster.fingerprint)
+            for c, p, f in zip(configs, truth, (1.0, 1.25, 0.8))]
+    rows.append({**rows[0], "hardware_hash": "other machine"})
+    report = validate(rows, lambda cfg, sizes: (mlp_profile, 2.0), cluster)
+    assert len(report.cases) == 3
+    assert report.mape("ddp") == pytest.approx(0.0, abs=1e-9)
+    assert report.mape("gpipe") == pytest.approx(0.2)  # predicted 1 where 1.25 was measured
+    assert report.mape("1f1b") == pytest.approx(0.25)
+    assert report.memory_mape() == pytest.approx(0.0)
+    assert report.worst(1)[0].strategy == "1f1b"
+    assert report.profile_cost() == pytest.approx(2.0 / 30)
+    assert plot_scatter(report, tmp_path / "scatter.png").stat().st_size > 0
+    assert json.dumps(report.to_dict())
+
+
+def test_spearman():
+    assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert math.isnan(Report([], 0.0, []).mape())

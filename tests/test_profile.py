@@ -1,0 +1,124 @@
+"""Profiles: what the model profiler measures, JSON round trips, the cache, the hardware
+profile's fits and the cluster file."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from partrain.cli import main
+from partrain.errors import PartrainError
+from partrain.profile import hardware as hw_module
+from partrain.profile import model as model_module
+from partrain.profile.collectives import COLLECTIVES, default_sizes
+from partrain.profile.hardware import HardwareProfile, fit_measurements, group_sizes, load_cluster, profile_hardware
+from partrain.profile.model import ModelProfile, load_or_profile, profile_model
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return profile_model("mlp", "mnist", [4, 16], threads=1, synthetic=True)
+
+
+def test_model_profile_measures_every_block(mlp):
+    assert [b.name for b in mlp.blocks] == ["fc1", "fc2", "fc3"]
+    assert sum(b.params for b in mlp.blocks) == 235_146
+    fc2 = mlp.blocks[1]
+    assert fc2.param_bytes == 4 * (256 * 128 + 128) and fc2.param_tensors == 2
+    assert fc2.out_bytes == [4 * b * 128 for b in (4, 16)]
+    # Linear forward 2*b*in*out, backward: input gradient and weight gradient, as much again each
+    assert fc2.flops == [6 * b * 256 * 128 for b in (4, 16)]
+    assert mlp.blocks[0].flops == [4 * b * 784 * 256 for b in (4, 16)]  # no gradient for the data
+    assert all(t > 0 for b in mlp.blocks for t in b.fwd_s + b.bwd_s)
+    assert fc2.saves_input and fc2.saved_bytes[1] > fc2.saved_bytes[0] > 0
+    assert set(mlp.optimizer_s) == {"sgd", "sgd-momentum", "adam"}
+    assert mlp.train_samples == 60_000 and mlp.input_bytes == 4 * 784
+    assert 0 < mlp.baseline_rss_bytes <= mlp.baseline_peak_rss_bytes
+
+
+def test_model_profile_json_round_trip(mlp, tmp_path):
+    path = mlp.save(tmp_path / "p.json")
+    again = ModelProfile.load(path)
+    assert again == mlp
+    assert json.loads(path.read_text())["model"] == "mlp"
+
+
+def test_unreadable_profile_is_a_clear_error(tmp_path):
+    bad = tmp_path / "p.json"
+    bad.write_text("{not json")
+    with pytest.raises(PartrainError, match="profile again"):
+        ModelProfile.load(bad)
+
+
+def test_cache_is_reused(tmp_path, monkeypatch, mlp):
+    calls = []
+
+    def fake_profile(*args, **kwargs):
+        calls.append(args)
+        return mlp
+
+    monkeypatch.setattr(model_module, "profile_model", fake_profile)
+    first, path, reused = load_or_profile("mlp", "mnist", [4, 16], 1, tmp_path, synthetic=True)
+    again, path2, reused2 = load_or_profile("mlp", "mnist", [16, 4], 1, tmp_path, synthetic=True)
+    assert (reused, reused2) == (False, True) and path == path2 and len(calls) == 1
+    assert again == first
+    other = load_or_profile("mlp", "mnist", [4, 16], 2, tmp_path, synthetic=True)[1]
+    assert other != path and len(calls) == 2  # threads are part of the key
+    assert "t2" in other.name and hw_module.fingerprint() in other.name
+
+
+def test_profile_cli_prints_and_caches(tmp_path, capsys):
+    argv = ["profile", "--model", "tests.userfactory:build", "--synthetic", "--batch-sizes", "2,8", "--threads", "1",
+            "--profile-dir", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == "tests.userfactory:build" and [b["name"] for b in out["blocks"]] == ["body", "head"]
+    assert main(argv) == 0
+    assert "(cached)" in capsys.readouterr().err
+
+
+def test_fit_measurements_per_tier_and_group_size():
+    def points(latency, bandwidth):
+        return [[n, latency + n / bandwidth] for n in default_sizes(2**22)]
+
+    raw = {"tiers": {"intra": {2: {name: points(1e-5, 1e9) for name in COLLECTIVES},
+                               4: {name: points(3e-5, 0.5e9) for name in COLLECTIVES}}}}
+    links, collectives = fit_measurements(raw)
+    assert set(collectives["intra"]) == {2, 4}
+    assert links["intra"].segments[0].latency_s == pytest.approx(1e-5, rel=0.01)
+    assert collectives["intra"][4]["allreduce"].segments[0].bandwidth == pytest.approx(0.5e9, rel=0.01)
+
+
+def test_group_sizes():
+    assert group_sizes(1) == [] and group_sizes(2) == [2] and group_sizes(6) == [2, 4, 6]
+
+
+def test_cluster_file(tmp_path):
+    from pathlib import Path
+
+    example = load_cluster(Path(__file__).resolve().parents[1] / "examples" / "cluster.toml")
+    assert (example.nodes, example.workers_per_node, example.backend) == (4, 4, "nccl")
+    assert example.links["inter"].segments[0].bandwidth == pytest.approx(12.5e9)
+    assert example.memory_limit_per_worker(4) == 40e9
+    again = HardwareProfile.from_dict(json.loads(json.dumps(example.to_dict())))
+    assert again == example
+    bad = tmp_path / "c.toml"
+    bad.write_text("[cluster]\nnodes = 2\nworkers_per_node = 2\ndevice_memory_gb = 8\n[intra]\nbandwidth_gb_per_s = 1\nlatency_us = 1\n")
+    with pytest.raises(PartrainError, match=r"\[inter\]"):
+        load_cluster(bad)
+    bad.write_text("[cluster]\nnodes = 1\nworkers_per_node = -2\n")
+    with pytest.raises(PartrainError, match="workers_per_node must be a positive number"):
+        load_cluster(bad)
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_hardware_profile_measures_every_collective(tmp_path):
+    hw = profile_hardware(2, sizes=[64, 4096, 2**18, 2**20])
+    fits = hw.collectives["intra"][2]
+    assert set(fits) == set(COLLECTIVES) or hw.notes
+    for fit in fits.values():
+        assert all(fit.time(n) > 0 for n in (64, 2**20)) and not math.isnan(fit.time(1))
+    assert HardwareProfile.load(hw.save(tmp_path / "hw.json")) == hw
