@@ -144,15 +144,8 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool) 
             order = epoch_order(len(train_set), cfg.seed, epoch)
             first = start_step if epoch == start_epoch else 0
             last = min(steps_per_epoch, first + total_steps - done)
-            local_losses: list[torch.Tensor | None] = []
             epoch_start = time.perf_counter()
-            for step in range(first, last):
-                t0 = time.perf_counter()
-                idx = order[step * cfg.batch_size : (step + 1) * cfg.batch_size][stepper.rows]
-                x, y = _to(train_set.get(idx), ctx.device) if stepper.loads_data else (None, None)
-                local_losses.append(stepper.train_step(x, y))
-                result.step_seconds.append(time.perf_counter() - t0)
-                progress.advance(local_losses[-1], cfg.batch_size)
+            local_losses = run_steps(stepper, train_set, order, range(first, last), cfg.batch_size, ctx.device, result, progress)
             done += last - first
             finished = last == steps_per_epoch
             if finished:
@@ -197,6 +190,24 @@ def _gather_ints(value: int) -> list[int]:
     out = [0] * dist.get_world_size()
     dist.all_gather_object(out, value)
     return out
+
+
+def run_steps(stepper: Stepper, train_set, order: torch.Tensor, steps: range, batch: int, device, result: RunResult,
+              progress: StepProgress) -> list[torch.Tensor | None]:
+    """The hot loop: load this worker's rows of each global batch, take one step.
+
+    Returns this worker's detached per-step losses; appends each step's wall time
+    (loading included) to ``result.step_seconds``.
+    """
+    losses = []
+    for step in steps:
+        start = time.perf_counter()
+        idx = order[step * batch : (step + 1) * batch][stepper.rows]
+        x, y = _to(train_set.get(idx), device) if stepper.loads_data else (None, None)
+        losses.append(stepper.train_step(x, y))
+        result.step_seconds.append(time.perf_counter() - start)
+        progress.advance(losses[-1], batch)
+    return losses
 
 
 def _to(batch, device):
