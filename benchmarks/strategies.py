@@ -5,7 +5,8 @@
 1. partrain ``ddp`` against a hand-written plain-PyTorch DDP loop: throughput ratio
    (goal: >= 0.98, i.e. partrain adds no measurable overhead);
 2. 2-worker speedup over ``serial``: cnn at global batch 256, mlp at global batch 64;
-3. ``gpipe`` and ``1f1b`` against ``model-parallel``: 2 stages, 8 micro-batches (cnn).
+3. ``gpipe`` and ``1f1b`` against ``model-parallel``: 2 stages, 8 micro-batches (cnn);
+4. the cost of recording events (``--events``) on a 1f1b run, on against off.
 
 Every figure is the median seconds per step over the steps after warm-up; runs of the
 things compared alternate (A B A B ...) over ``--rounds`` so drift on a shared machine
@@ -18,6 +19,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -118,6 +120,15 @@ def main() -> None:
     for s in ("gpipe", "1f1b"):
         print(f"   {s}: {t[s] * 1e3:.2f} ms/step vs model-parallel {t['model-parallel'] * 1e3:.2f} ms: "
               f"{t['model-parallel'] / t[s]:.2f}x", flush=True)
+
+    print("\n4. event recording overhead (cnn, 1f1b, 2 stages, batch 256, 8 micro-batches)")
+    with tempfile.TemporaryDirectory() as tmp:
+        pipe = dict(model="cnn", batch_size=256, strategy="1f1b", workers=2, microbatches=8)
+        t = alternate(args.rounds, {
+            "off": lambda: partrain_step(d, n, **pipe),
+            "on": lambda: partrain_step(d, n, events=tmp, **pipe),
+        })
+    print(f"   off {t['off'] * 1e3:.2f} ms/step, on {t['on'] * 1e3:.2f} ms/step: on/off = {t['on'] / t['off']:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -93,3 +93,20 @@ def test_local_sgd_averaged_once_an_epoch_reaches_97_percent(data_dir):
 def test_hogwild_two_workers_reaches_97_percent(data_dir):
     r = run_training(RunConfig(strategy="hogwild", workers=2, epochs=5, data_dir=str(data_dir)), show_progress=False)
     assert r.test_accuracy >= 0.97, [e.test_accuracy for e in r.epochs]
+
+
+def test_events_trace_micro_batches_and_allreduce(data_dir, tmp_path):
+    from partrain.events import read_events
+
+    base = dict(model="mlp", steps=3, evaluate=False, data_dir=str(data_dir), threads=1)
+    run_training(RunConfig(strategy="1f1b", workers=2, microbatches=4, events=str(tmp_path / "pp"), **base), show_progress=False)
+    events = read_events(tmp_path / "pp")
+    for rank in (0, 1):
+        mine = [e for e in events if e["rank"] == rank]
+        assert sorted(e["mb"] for e in mine if e["name"] == "forward") == sorted(list(range(4)) * 3)
+        assert sum(e["name"] == "backward" for e in mine) == 12 and sum(e["name"] == "optimizer" for e in mine) == 3
+        assert all(e["end"] >= e["start"] for e in mine)
+    run_training(RunConfig(strategy="ddp", workers=2, bucket_mb=0.25, events=str(tmp_path / "dp"), **base), show_progress=False)
+    allreduces = [e for e in read_events(tmp_path / "dp") if e["name"] == "allreduce"]
+    # every step, each rank allreduces all 235,146 float32 gradients, in one bucket or several
+    assert sum(e["bytes"] for e in allreduces) == 3 * 2 * 235_146 * 4

@@ -28,7 +28,8 @@ def traced_allreduce_hook(events: EventLog):
     async allreduce, so it shows how much of it backward hid.
     """
 
-    def hook(group: dist.ProcessGroup | None, bucket: dist.GradBucket):
+    # no annotations: DDP checks them, and under `from __future__ import annotations` they are strings
+    def hook(group, bucket):
         start = time.perf_counter()
         nbytes = bucket.buffer().numel() * bucket.buffer().element_size()
 
