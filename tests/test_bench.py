@@ -125,7 +125,8 @@ def test_quick_suite_end_to_end_stores_the_expected_rows(tmp_path, data_dir, in_
             assert len(json.loads(r["peak_memory_per_worker"])) == r["workers"]
             assert r["speedup"] is not None and r["efficiency"] == pytest.approx(r["speedup"] / r["workers"])
             assert r["threads"] == 1 and r["final_loss"] > 0
-    assert {r["microbatches"] for r in rows if r["strategy"] in ("gpipe", "1f1b") and r["status"] == "ok"} == {4}
+    pipelines = [r for r in rows if r["strategy"] in ("gpipe", "1f1b") and r["status"] == "ok"]
+    assert {r["microbatches"] for r in pipelines} == {4} and all("stage 1" in r["partition"] for r in pipelines)
     assert "serial runs on one worker" in rows[1]["reason"]
 
 
@@ -228,7 +229,8 @@ def _fake_rows() -> list[dict]:
         rows.append({"status": "ok", "model": "cnn", "dataset": "mnist", "strategy": strategy, "workers": workers,
                      "batch_size": batch, "lr": lr, "step_seconds_median": step, "seconds_per_epoch": step * 60000 / batch,
                      "samples_per_s": batch / step, "test_accuracy": 0.9 - lr, "final_loss": 0.3,
-                     "speedup": 0.10 / step if batch == 64 else None, "efficiency": 0.10 / step / workers})
+                     "speedup": 0.10 / step if batch == 64 else None,
+                     "efficiency": 0.10 / step / workers if batch == 64 else None})
     rows.append(dict(rows[-1], status="failed", workers=8))
     return rows
 

@@ -85,3 +85,9 @@ CNN_ONLY = [  # cases that need more blocks than the mlp's three
 @pytest.mark.parametrize("name,overrides", CASES + CNN_ONLY, ids=[c[0] for c in CASES + CNN_ONLY])
 def test_cnn_equals_serial(tmp_path, data_dir, serial_cnn, name, overrides):
     _assert_same(_run(tmp_path, data_dir, name, model="cnn", **overrides), serial_cnn)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "local-sgd", "model-parallel", "gpipe", "1f1b", "hybrid", "hogwild"])
+def test_every_strategy_on_one_worker_equals_serial(tmp_path, data_dir, serial_mlp, strategy):
+    # a world of one still builds its process group and mesh: the 1-worker point of a scaling study
+    _assert_same(_run(tmp_path, data_dir, strategy, model="mlp", strategy=strategy, workers=1), serial_mlp)

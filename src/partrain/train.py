@@ -12,6 +12,7 @@ losses and accuracy are reduced once an epoch.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import statistics
@@ -94,7 +95,7 @@ def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
 def train_worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool = True) -> RunResult | None:
     """Run ``cfg`` as the worker ``info`` describes; returns the result on rank 0."""
     threads = set_threads(cfg.threads, info.local_world_size, announce=show_progress and info.rank == 0)
-    backend = init_process_group(info, cfg.backend, cfg.timeout_s)
+    backend = init_process_group(info, cfg.backend, cfg.timeout_s, needed=cfg.strategy != "serial")
     try:
         device = device_for(backend, info)
         ctx = DistContext(info, backend, device, cfg.dims, build_mesh(cfg.dims, device), EventLog(cfg.events, info.rank))
@@ -103,6 +104,11 @@ def train_worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool = True) -
         return result if info.rank == 0 else None
     finally:
         if dist.is_initialized():
+            # FSDP's modules and mesh keep the group alive past destroy_process_group; if
+            # they are only freed at interpreter exit, a gloo thread still holding a
+            # finished all-gather takes the GIL during finalization and aborts the
+            # process. Collecting them first lets the group shut its threads down now.
+            gc.collect()
             dist.destroy_process_group()
 
 

@@ -44,6 +44,7 @@ from partrain.bench.suite import Cell, Suite
 from partrain.config import RunConfig
 from partrain.data import dataset_spec
 from partrain.errors import PartrainError
+from partrain.runner import preflight
 
 POLL_S = 0.5  # how often a running cell is checked for exit and timeout, and the bar redrawn
 _PR_SET_PDEATHSIG = 1
@@ -91,12 +92,13 @@ def measure(cell: Cell, data_dir: str | None, timeout: float, tick: Callable[[],
         return Outcome("skipped", str(err), started_at=started, finished_at=_now())
     except Exception as err:  # a user's model factory that raises: the cell fails, the suite goes on
         return Outcome("failed", f"{type(err).__name__}: {err}", started_at=started, finished_at=_now())
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     t0 = time.perf_counter()
     status, reason, result = run_process(train_command(cfg), timeout, tick)
     # the defaults the run resolved (pipeline stages, replicas, micro-batches) are stored with it
     resolved = {"pp": cfg.dims.pp, "dp": cfg.dims.dp, "microbatches": cfg.num_microbatches if cfg.pipeline_schedule else None}
     outcome = Outcome(status, reason, config={**cfg.to_dict(), "resolved": resolved}, started_at=started,
-                      finished_at=_now(), wall_seconds=time.perf_counter() - t0)
+                      finished_at=_now(), wall_seconds=time.perf_counter() - t0, load_average=load)
     if result is not None:
         outcome.figures = figures(cell, result)
     return outcome
@@ -110,8 +112,6 @@ def check_cell(cell: Cell, data_dir: str | None, timeout: float) -> RunConfig:
     stages <= model blocks). One check more: a pipeline on one worker is serial training
     through the pipeline machinery, measured already by the serial cell.
     """
-    from partrain.runner import preflight
-
     cfg = cell.run_config(data_dir, timeout)
     if cfg.kind == "pipeline" and cfg.workers == 1:
         raise PartrainError(f"a {cfg.strategy} pipeline needs 2 or more workers; on one worker it is serial")
@@ -140,7 +140,7 @@ def train_command(cfg: RunConfig) -> list[str]:
 def run_process(cmd: list[str], timeout: float, tick: Callable[[], None]) -> tuple[str, str | None, dict | None]:
     """Run ``cmd`` in a new session; returns (status, reason, the JSON result or None)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True,
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                 start_new_session=True, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + timeout
         try:
@@ -241,6 +241,7 @@ def figures(cell: Cell, result: dict) -> dict:
         "peak_memory_per_worker": per_worker,
         "test_accuracy": accuracy,
         "final_loss": result["step_losses"][-1] if result["step_losses"] else None,
+        "partition": result.get("partition"),
     }
 
 

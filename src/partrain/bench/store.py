@@ -74,7 +74,10 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("peak_memory_per_worker", "TEXT", "JSON list, by rank"),
     ("test_accuracy", "REAL", "after the last whole epoch (epochs mode only)"),
     ("final_loss", "REAL", "training loss of the last step"),
+    ("partition", "TEXT", "pipelines: the blocks, parameters and measured time of each stage"),
     ("wall_seconds", "REAL", "the cell's process, start to exit"),
+    ("load_average", "REAL", "1-minute load average as the cell started (the previous cell's share decays in it); "
+     "above the cores, other work was competing"),
     ("hardware_hash", "TEXT NOT NULL", ""),
     ("cpu_model", "TEXT", ""),
     ("cpu_cores", "INTEGER", ""),
@@ -104,6 +107,7 @@ class Outcome:
     started_at: str | None = None
     finished_at: str | None = None
     wall_seconds: float | None = None
+    load_average: float | None = None
 
 
 def default_store_path() -> Path:
@@ -170,7 +174,7 @@ class Store:
             "epochs": cell.epochs, "limit_samples": cell.limit, "threads": cell.threads,
             "config": json.dumps({"cell": asdict(cell), "run": outcome.config}, sort_keys=True),
             "status": outcome.status, "reason": outcome.reason, **outcome.figures,
-            "wall_seconds": outcome.wall_seconds, "hardware_hash": hardware.hash, **asdict(hardware),
+            "wall_seconds": outcome.wall_seconds, "load_average": outcome.load_average, "hardware_hash": hardware.hash, **asdict(hardware),
             "partrain_version": __version__, "git_commit": git_commit,
             "started_at": outcome.started_at, "finished_at": outcome.finished_at,
         }

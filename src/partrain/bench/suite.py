@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import tomllib
 from dataclasses import dataclass
@@ -73,8 +74,9 @@ BUILTIN_SUITES = ("quick", "thesis")
 class Cell:
     """One configuration of the matrix: what one benchmark run measures.
 
-    Normalized (micro-batches resolved to the number a pipeline really uses, ``synthetic``
-    true for generated-only datasets), so that two spellings of the same run share a key.
+    Normalized where the suite can tell: micro-batches are None except on pipelines (None
+    there is the strategy's default, which the store records resolved once the cell ran),
+    and ``synthetic`` is true for the generated-only datasets.
     """
 
     model: str
@@ -171,21 +173,16 @@ class Suite:
     def cells(self) -> list[Cell]:
         """The matrix, in a stable order (the order the runner measures it)."""
         cells = []
-        for model in self.models:
-            for dataset in self.datasets:
-                synthetic = self.synthetic or dataset_spec(dataset).synthetic_only
-                for batch in self.batch_sizes:
-                    for lr in self.lrs:
-                        for strategy in self.strategies:
-                            pipelined = STRATEGIES[strategy][0] in ("pipeline", "hybrid") and strategy != "model-parallel"
-                            for workers in self.workers:
-                                for mb in (self.microbatches or (None,)) if pipelined else (None,):
-                                    for repeat in range(self.repeats):
-                                        cells.append(Cell(
-                                            model, dataset, strategy, workers, batch, mb, lr, repeat, synthetic,
-                                            self.warmup_steps, self.steps, self.epochs, self.limit,
-                                            self.eval_limit, self.threads, self.seed,
-                                        ))
+        axes = itertools.product(self.models, self.datasets, self.batch_sizes, self.lrs, self.strategies, self.workers)
+        for model, dataset, batch, lr, strategy, workers in axes:
+            pipelined = STRATEGIES[strategy][0] in ("pipeline", "hybrid") and strategy != "model-parallel"
+            for mb in (self.microbatches or (None,)) if pipelined else (None,):
+                for repeat in range(self.repeats):
+                    cells.append(Cell(
+                        model, dataset, strategy, workers, batch, mb, lr, repeat,
+                        self.synthetic or dataset_spec(dataset).synthetic_only, self.warmup_steps, self.steps,
+                        self.epochs, self.limit, self.eval_limit, self.threads, self.seed,
+                    ))
         return cells
 
     def replace(self, **changes) -> Suite:
@@ -225,7 +222,7 @@ _SCHEMA: dict[str, tuple[type | tuple, bool, tuple | None]] = {
 
 def _check_value(source: str, key: str, value, kind, check) -> None:
     # bool is an int to Python; a worker count of `true` is a typo, not 1
-    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+    if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
         names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
         raise PartrainError(f"{source}: {key} takes {names} values, got {value!r}")
     if check is not None and not check[0](value):

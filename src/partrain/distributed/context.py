@@ -21,7 +21,7 @@ class DistContext:
     backend: str
     device: torch.device
     dims: ParallelDims
-    mesh: DeviceMesh | None  # ("pp", "dp", "shard"), shard of size 1; None in a world of one
+    mesh: DeviceMesh | None  # ("pp", "dp", "shard"), shard of size 1; None without a process group (serial)
     events: EventLog
 
     @property
@@ -59,6 +59,6 @@ def build_mesh(dims: ParallelDims, device: torch.device) -> DeviceMesh | None:
     bigger, per-step traffic) inside a node when dp divides the workers per node, and
     the activation send/recv (smaller, per micro-batch) across nodes.
     """
-    if dims.world_size == 1:
+    if not dist.is_initialized():
         return None
     return init_device_mesh(device.type, (dims.pp, dims.dp, 1), mesh_dim_names=("pp", "dp", "shard"))

@@ -131,21 +131,26 @@ def set_threads(requested: int | None, local_world_size: int, announce: bool = F
     return threads
 
 
-def init_process_group(info: LaunchInfo, backend: str | None, timeout_s: float) -> str:
-    """Join the job's process group (no-op for a world of one). Returns the backend."""
+def init_process_group(info: LaunchInfo, backend: str | None, timeout_s: float, needed: bool = True) -> str:
+    """Join the job's process group; returns the backend.
+
+    A world of one still gets a group when ``needed``:
+    DDP, FSDP and pipelining work on one worker too, which is the 1-worker point of a
+    scaling study. Only ``serial`` runs without one.
+    """
     backend = backend or default_backend(info.local_world_size)
     if backend == "nccl":
         if not torch.cuda.is_available():
             raise PartrainError("backend nccl needs a GPU on every worker; none is visible: use --backend gloo")
         torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
-    if info.world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://{info.master_addr}:{info.master_port}",
-            rank=info.rank,
-            world_size=info.world_size,
-            timeout=timedelta(seconds=timeout_s),
-        )
+    if dist.is_initialized() or not (needed or info.world_size > 1):
+        return backend
+    # a world of one run directly rendezvouses with itself on a free loopback port
+    addr = f"{info.master_addr}:{info.master_port}" if info.launched else f"127.0.0.1:{free_port()}"
+    dist.init_process_group(
+        backend, init_method=f"tcp://{addr}", rank=info.rank, world_size=info.world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
     return backend
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import LogFormatter, ScalarFormatter
 
 REGIME_COLOURS = {"perfect scaling": "#d9f0d3", "diminishing returns": "#fee8c8", "maximal data parallelism": "#f4cccc"}
 
@@ -40,7 +41,7 @@ def _draw(ax, lines: dict[str, list[tuple]], **style) -> None:
 def _finish(fig: Figure, title: str, rows: list[dict], path: str | Path) -> Path:
     bad = sum(r["status"] != "ok" for r in rows)
     if bad:
-        title += f"  ({bad} cells skipped or failed, not shown)"
+        title += f"  ({bad} {'cell' if bad == 1 else 'cells'} skipped or failed, not shown)"
     fig.suptitle(title)
     for ax in fig.axes:
         ax.grid(True, which="both", alpha=0.3)
@@ -67,8 +68,12 @@ def plot_batch_size(rows: list[dict], path: str | Path, regimes: list[tuple[int,
     _draw(acc_ax, series(rows, "batch_size", lambda r: r["test_accuracy"]))
     for ax in (time_ax, acc_ax):
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())  # 64, not 2^6
         ax.set_xlabel("global batch size")
     time_ax.set_yscale("log")
+    # plain numbers (20, 30, 40), also on the minor ticks when the range is under a decade
+    time_ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+    time_ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
     time_ax.set_ylabel("seconds per epoch")
     acc_ax.set_ylabel("test accuracy")
     if not acc_ax.lines:
