@@ -21,7 +21,7 @@ $(BIN)/partrain: pyproject.toml
 install: $(BIN)/partrain
 
 demo: install
-	$(BIN)/partrain train --model mlp --dataset mnist --epochs 1
+	$(BIN)/partrain recommend --model cnn --dataset mnist --workers 2 --batch-size 64 --run --steps 200
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -36,6 +36,7 @@ def test_model_profile_measures_every_block(mlp):
     assert set(mlp.optimizer_s) == {"sgd", "sgd-momentum", "adam"}
     assert mlp.train_samples == 60_000 and mlp.input_bytes == 4 * 784
     assert 0 < mlp.baseline_rss_bytes <= mlp.baseline_peak_rss_bytes
+    assert len(mlp.train_peak_rss_bytes) == 2 and min(mlp.train_peak_rss_bytes) >= mlp.baseline_rss_bytes
 
 
 def test_model_profile_json_round_trip(mlp, tmp_path):

@@ -323,7 +323,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     from partrain.profile.collectives import default_sizes
     from partrain.profile.hardware import hardware_path, hardware_table, profile_dir, profile_hardware
-    from partrain.profile.model import load_or_profile, profile_table
+    from partrain.profile.model import busy_warning, load_or_profile, profile_table
 
     if args.hardware:
         hw = profile_hardware(args.workers, default_sizes(int(args.max_mb * 2**20)), threads=args.threads or 1)
@@ -345,6 +345,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     else:
         Console(width=None if sys.stdout.isatty() else 200).print(profile_table(profile))
     print(f"model profile: {path}{' (cached)' if reused else ''}", file=sys.stderr)
+    if warning := busy_warning(profile):
+        print(warning, file=sys.stderr)
     return 0
 
 
@@ -380,9 +382,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
         candidate_plans, enumerate_plans, predict_plan, predictions_table, profile_batch_sizes,
     )
     from partrain.profile.hardware import hardware_for, load_cluster
-    from partrain.profile.model import load_or_profile
+    from partrain.profile.model import busy_warning, load_or_profile
 
-    hw = load_cluster(args.cluster) if args.cluster else hardware_for(args.workers, args.profile_dir)[0]
+    if args.cluster:
+        hw = load_cluster(args.cluster)
+    else:
+        hw, hw_path, hw_reused = hardware_for(args.workers, args.profile_dir)
+        if not hw_reused:
+            print(f"measured this machine's collectives with {args.workers} workers: {hw_path}", file=sys.stderr)
     local = args.workers if hw.nodes <= 1 else min(args.workers, hw.workers_per_node)
     cores_here = os.cpu_count() or 1
     threads = args.threads or max(1, cores_here // (1 if args.cluster else local))
@@ -408,6 +415,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
             print(f"  cannot run {plan.label()}: {why}")
     print(f"model profile: {path}{' (cached)' if reused else ''}; memory limit {limit / 2**30:.1f} GiB per worker",
           file=sys.stderr)
+    if warning := busy_warning(profile):
+        print(warning, file=sys.stderr)
     return 0
 
 
@@ -424,6 +433,9 @@ def add_validate_parser(sub) -> None:
     p.add_argument("--profile-dir", help=PROFILE_DIR_HELP)
     p.add_argument("--plot", default="partrain-validate.png", help="scatter plot PNG (default: partrain-validate.png)")
     p.add_argument("--worst", type=int, default=10, help="worst cases to list (default: 10)")
+    p.add_argument("--recommendations", action="store_true",
+                   help="judge the recommender: for every job measured under several plans, was its pick the measured "
+                   "fastest (hit rate), how much slower if not (regret), and Kendall tau of the orderings")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_validate)
 
@@ -434,22 +446,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from partrain.bench import Store
     from partrain.predict.strategies import profile_batch_sizes
     from partrain.predict.validate import plot_scatter, report_tables, validate
-    from partrain.profile.hardware import hardware_for
-    from partrain.profile.model import load_or_profile
+    from partrain.profile.hardware import fingerprint, hardware_for
+    from partrain.profile.model import busy_warning, load_or_profile
 
     with Store(args.store, create=False) as store:
         rows = store.rows()
-    workers = max((r["workers"] for r in rows if r["status"] == "ok"), default=1)
-    hw = hardware_for(workers, args.profile_dir)[0]
 
     def profile_for(cfg, needed):
         profile = load_or_profile(cfg.model, cfg.dataset, profile_batch_sizes(needed), cfg.threads or 1,
-                                             args.profile_dir, args.data_dir, cfg.synthetic, cfg.model_options)[0]
+                                  args.profile_dir, args.data_dir, cfg.synthetic, cfg.model_options)[0]
+        if warning := busy_warning(profile):
+            print(warning, file=sys.stderr)
         return profile, profile.profile_seconds
 
-    report = validate(rows, profile_for, hw)
+    report = validate(rows, profile_for, lambda workers: hardware_for(workers, args.profile_dir)[0], fingerprint())
     if not report.cases:
         raise PartrainError("no successful cells measured on this machine in the store: run `partrain bench` first")
+    if args.recommendations:
+        return _report_recommendations(report, args.json)
     png = plot_scatter(report, args.plot)
     if args.json:
         print(json.dumps({**report.to_dict(), "plot": str(png)}))
@@ -460,6 +474,130 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"  skipped {line}")
     print(f"plot: {png}")
     return 0
+
+
+def _report_recommendations(report, as_json: bool) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from partrain.recommend import recommendation_outcomes, summarize_outcomes
+
+    outcomes = recommendation_outcomes(report.cases)
+    if not outcomes:
+        raise PartrainError("no job in the store was measured under two or more plans: run a suite with several strategies")
+    summary = {**summarize_outcomes(outcomes), "profile_cost": report.profile_cost()}
+    if as_json:
+        print(json.dumps({"summary": summary, "groups": [o.__dict__ for o in outcomes]}))
+        return 0
+    table = Table(title="the recommender's pick against the measured fastest")
+    for name in ("job", "plans", "picked (predicted fastest)", "measured fastest", "regret", "Kendall tau"):
+        table.add_column(name)
+    for o in outcomes:
+        table.add_row(o.key, str(o.plans), o.picked, o.best, f"{o.regret:.1%}", f"{o.tau:.2f}")
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    print(f"{summary['groups']} jobs: top-1 hit rate {summary['hit_rate']:.0%}, regret mean {summary['mean_regret']:.1%} "
+          f"(worst {summary['worst_regret']:.1%}), Kendall tau {summary['kendall_tau']:.2f}; profiling cost "
+          f"{summary['profile_cost']:.1%} of the benchmark time of the cells it predicts")
+    return 0
+
+
+def add_recommend_parser(sub) -> None:
+    p = sub.add_parser(
+        "recommend", help="the fastest plan that fits, why, and the command that runs it",
+        description="Enumerate every plan (strategy x workers up to N x pp/dp split x micro-batches x schedule x "
+        "batch), drop those that cannot run or do not fit in memory (saying why), rank the rest by predicted time "
+        "per epoch, explain the winner, and print the command that runs it. Profiles are measured first when not "
+        "cached. --run trains the winner straight away and prints the measured step time beside the prediction.",
+    )
+    add_data_args(p)
+    p.add_argument("--workers", type=int, help="at most this many workers (default: the cluster's, else 1)")
+    p.add_argument("--cluster", help="cluster TOML to recommend for instead of this machine (see examples/cluster.toml)")
+    p.add_argument("--batch-size", type=int, help="fix the global batch (default: free, 32/64/128 per worker)")
+    p.add_argument("--memory-limit", help="memory per worker, e.g. 2GB (default: the device's, or RAM / local workers)")
+    p.add_argument("--objective", choices=["time", "memory"], default="time", help="rank by time per epoch (default) or memory")
+    p.add_argument("--threads", type=int, help="intra-op threads per worker (default: cores / local workers, as train)")
+    p.add_argument("--async", dest="include_async", action="store_true",
+                   help="also rank local-sgd and hogwild, which do not reproduce serial training")
+    p.add_argument("--top", type=int, default=8, help="plans to show (default: 8)")
+    p.add_argument("--all", action="store_true", help="list every plan that was dropped, with the reason")
+    p.add_argument("--profile-dir", help=PROFILE_DIR_HELP)
+    p.add_argument("--refresh", action="store_true", help="profile again even when cached")
+    p.add_argument("--run", action="store_true", help="train the recommended plan now")
+    p.add_argument("--steps", type=int, default=100, help="--run: optimizer steps to train (default: 100)")
+    p.add_argument("--json", action="store_true", help="print everything as JSON")
+    p.set_defaults(func=cmd_recommend)
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    import os
+    import time
+
+    from rich.console import Console
+
+    from partrain.predict.strategies import profile_batch_sizes
+    from partrain.profile.hardware import hardware_for, load_cluster
+    from partrain.profile.model import load_or_profile
+    from partrain.recommend import needed_batch_sizes, parse_bytes, recommend, recommendation_table
+
+    console = Console(stderr=True)
+    hw = load_cluster(args.cluster) if args.cluster else None
+    workers = args.workers or (hw.nodes * hw.workers_per_node if hw else 1)
+    if workers < 1:
+        raise PartrainError(f"--workers must be at least 1, got {workers}")
+    start, profiled = time.perf_counter(), []
+    if hw is None:
+        with console.status(f"measuring this machine's collectives with {workers} workers (cached afterwards)..."):
+            hw, _, reused = hardware_for(workers, args.profile_dir)
+        profiled += [] if reused else ["collectives"]
+    sizes = profile_batch_sizes(needed_batch_sizes(workers, args.batch_size))
+    options = {"activation": args.activation} if args.activation else {}
+
+    def profile_for(threads: int):
+        threads = min(threads, os.cpu_count() or 1)  # a cluster's cores are not here: profile on ours
+        with console.status(f"profiling {args.model} on {args.dataset} with {threads} thread(s), batches {sizes}..."):
+            profile, _, reused = load_or_profile(args.model, args.dataset, sizes, threads, args.profile_dir, args.data_dir,
+                                                 args.synthetic, options, refresh=args.refresh)
+        profiled.extend([] if reused else [f"{args.model} at {threads} thread(s)"])
+        return profile
+
+    limit = parse_bytes(args.memory_limit) if args.memory_limit else None
+    rec = recommend(profile_for, hw, workers, args.batch_size, limit, args.objective, args.threads, args.include_async)
+    rec.data_dir, rec.profile_seconds, rec.profile_reused = args.data_dir, time.perf_counter() - start, not profiled
+    measured = _run_recommended(rec, args) if args.run else None
+    if args.json:
+        print(json.dumps({**rec.to_dict(), "measured": measured}, default=str))
+        return 0
+    if profiled:
+        print(f"profiled {', '.join(profiled)} in {rec.profile_seconds:.1f} s (cached for next time)", file=sys.stderr)
+    Console(width=None if sys.stdout.isatty() else 200).print(recommendation_table(rec, args.top))
+    print(f"\n{rec.explanation()}\n")
+    dropped = rec.rejected if args.all else rec.rejected[:3]
+    if rec.rejected:
+        print(f"{len(rec.rejected)} plans dropped{' (first 3; --all lists them)' if not args.all else ''}:")
+        for plan, reason in dropped:
+            print(f"  {plan.label()} on {plan.workers} workers, batch {plan.batch_size}: {reason}")
+    print(f"\nrun it here:\n  {rec.local_command()}\nor on each node, under torchrun:\n  {rec.torchrun_command()}")
+    if measured:
+        print(f"\nmeasured {measured['seconds_per_step'] * 1e3:.2f} ms/step over {measured['steps']} steps, predicted "
+              f"{measured['predicted_seconds_per_step'] * 1e3:.2f} ms/step ({measured['error']:+.0%})")
+    return 0
+
+
+def _run_recommended(rec, args: argparse.Namespace) -> dict:
+    """Train the winner for ``--steps`` steps; its measured step time beside the prediction."""
+    from partrain.runner import run_training
+
+    cfg = rec.winner.plan.to_config(args.model, args.dataset, data_dir=args.data_dir, synthetic=args.synthetic,
+                                    model_options={"activation": args.activation} if args.activation else {},
+                                    steps=args.steps, eval_limit=1000)
+    result = run_training(cfg, show_progress=not args.json)
+    if result is None:
+        return {}
+    summary, predicted = result.summary(), rec.winner.median_step_s
+    print(f"trained {rec.winner.plan.label()}: test accuracy {summary['test_accuracy']:.2%} after {summary['steps']} steps",
+          file=sys.stderr)
+    return {**summary, "predicted_seconds_per_step": predicted,
+            "error": summary["seconds_per_step"] / predicted - 1 if summary["seconds_per_step"] else None}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -490,6 +628,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_parser(sub)
     add_predict_parser(sub)
     add_validate_parser(sub)
+    add_recommend_parser(sub)
     return parser
 
 

@@ -25,7 +25,7 @@ from partrain.profile.hardware import HardwareProfile
 
 def algorithm_factors(name: str, p: int) -> tuple[float, float]:
     """(latency steps, bytes per link as a multiple of n) of collective ``name`` on ``p`` ranks."""
-    if name == "allreduce":
+    if name in ("allreduce", "ddp_allreduce"):
         return 2 * (p - 1), 2 * (p - 1) / p
     if name in ("all_gather", "reduce_scatter"):
         return p - 1, (p - 1) / p
@@ -72,3 +72,17 @@ def transfer_time(hw: HardwareProfile, nbytes: float, src: int, dst: int) -> flo
     if src == dst or nbytes <= 0:
         return 0.0
     return _fit_for(hw, "sendrecv", 2, tier_of(hw, [src, dst])).time(nbytes)
+
+
+def stage_transfer_time(hw: HardwareProfile, nbytes: float, src: int, dst: int) -> float:
+    """Seconds for a pipeline stage's message from global rank ``src`` to ``dst``.
+
+    Within a node of a measured machine: the latency the pipeline runtime showed in the
+    hardware profile's two-stage probe (waking the waiting worker included) plus the bytes
+    at the point-to-point bandwidth; otherwise the point-to-point fit.
+    """
+    if src == dst or nbytes <= 0:
+        return 0.0
+    if hw.pipeline_hop_s is None or tier_of(hw, [src, dst]) != "intra":
+        return transfer_time(hw, nbytes, src, dst)
+    return hw.pipeline_hop_s + nbytes * hw.links["intra"].segments[-1].seconds_per_byte

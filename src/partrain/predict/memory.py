@@ -14,7 +14,8 @@ Activations are the bytes autograd keeps for backward, measured per block, times
 micro-batches a schedule keeps in flight (from the pipeline simulation: M for GPipe, at most
 P - s on stage s for 1F1B), or only each block's input with recomputation (Chen et al. 2016).
 On CPU the result is comparable with ``ru_maxrss`` because the measured baseline (a fresh
-process with torch imported, the data loaded and the model built) is added.
+process with torch imported, the data loaded and the model built) is added, and what a
+step holds beyond state and activations (``transient_bytes``) is measured in that process.
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ class MemoryBreakdown:
     optimizer: int
     buffers: int  # DDP gradient buckets, pipeline receive buffers, FSDP gathered parameters
     activations: int
+    transient: int  # gradients of activations, kernel workspaces, what the allocator keeps (measured)
 
     @property
     def total(self) -> int:
-        training = self.baseline + self.process_group + self.gradients + self.optimizer + self.buffers + self.activations
+        training = (self.baseline + self.process_group + self.gradients + self.optimizer + self.buffers
+                    + self.activations + self.transient)
         return max(self.baseline_peak, training)
 
 
@@ -84,3 +87,28 @@ def stage_state(profile: ModelProfile, lo: int, hi: int, optimizer: str, momentu
     params = sum(b.param_bytes for b in blocks)
     tensors = sum(b.param_tensors for b in blocks)
     return params // shards, optimizer_state_bytes(params, tensors, optimizer, momentum) // shards
+
+
+def transient_bytes(profile: ModelProfile, activations: float) -> int:
+    """What a training step holds beyond model state and saved activations, for a worker that
+    keeps ``activations`` bytes: the gradients flowing back through the activations, kernel
+    workspaces, and memory the allocator keeps without returning it to the system.
+
+    Measured, not modelled: the profile's probe process peaks after serial steps at each batch
+    size; less its baseline, gradients, momentum and saved activations, what is left is fitted
+    as a fixed part plus a part per byte of activations (a least-squares line through the
+    batch sizes; proportional with one).
+    """
+    n = len(profile.blocks)
+    grads, momentum = stage_state(profile, 0, n, "sgd", 0.9)
+    acts = [activation_bytes(profile, 0, n, b) + block_input_bytes(profile, 0, b) for b in profile.batch_sizes]
+    extra = [max(0.0, peak - profile.baseline_rss_bytes - grads - momentum - a)
+             for peak, a in zip(profile.train_peak_rss_bytes, acts)]
+    if len(acts) == 1 or max(acts) == min(acts):
+        per_byte, fixed = extra[0] / acts[0] if acts[0] else 0.0, 0.0
+    else:
+        mean_a, mean_e = sum(acts) / len(acts), sum(extra) / len(extra)
+        per_byte = sum((a - mean_a) * (e - mean_e) for a, e in zip(acts, extra)) / sum((a - mean_a) ** 2 for a in acts)
+        per_byte = max(0.0, per_byte)
+        fixed = max(0.0, mean_e - per_byte * mean_a)
+    return int(fixed + per_byte * activations)

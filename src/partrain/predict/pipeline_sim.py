@@ -13,9 +13,12 @@ Each worker (pipeline rank) executes its list of actions in order, exactly the o
   (stage s on rank s mod P), the action order of torch's ``_get_1f1b_rank_ops``.
 
 An action starts when its rank is free and its input has arrived: the forward of micro-batch
-m on stage s needs stage s-1's forward of m plus the activation transfer; a backward needs
-stage s+1's backward of m plus the gradient transfer. Transfers are delays that occupy no
-worker (sends are asynchronous in the runtime). Compute shares the CPU cores: when more
+m on stage s needs stage s-1's forward of m, the backward needs stage s+1's backward of m.
+Transfers are rendezvous, as gloo's point-to-point messages are: a message moves once the
+sender has issued it and the receiver has posted the matching receive (which the runtime
+does when it reaches the action that needs it), and then takes the boundary's transfer time;
+they occupy no worker. At the end of a step a rank waits until its sends were received
+(the runtime waits on its send requests before returning from ``step``). Compute shares the CPU cores: when more
 actions compute at once than there are cores for their threads, each runs at
 cores / (threads x running) of full speed (processor sharing; Kleinrock, "Queueing Systems",
 vol. 2, 1976). Several consecutive steps are simulated and the steady-state period of
@@ -103,7 +106,7 @@ def schedule_order(schedule: str, pp: int, microbatches: int, stages_per_rank: i
 
 
 @dataclass(frozen=True)
-class Segment:
+class StepWork:
     """Work a rank does outside the schedule each step (loading data, allreduce, optimizer)."""
 
     name: str
@@ -119,8 +122,8 @@ class PipelineCosts:
     bwd: tuple[float, ...]
     send_fwd: tuple[float, ...]  # stage s's output to stage s + 1 (last entry unused)
     send_bwd: tuple[float, ...]  # the gradient of stage s's input to stage s - 1 (first entry unused)
-    before: tuple[tuple[Segment, ...], ...] = ()  # per rank, ahead of the schedule
-    after: tuple[tuple[Segment, ...], ...] = ()  # per rank, after it
+    before: tuple[tuple[StepWork, ...], ...] = ()  # per rank, ahead of the schedule
+    after: tuple[tuple[StepWork, ...], ...] = ()  # per rank, after it
 
     def without_transfers(self) -> PipelineCosts:
         zero = tuple(0.0 for _ in self.fwd)
@@ -150,12 +153,23 @@ class _Op:
     step: int
     work: float
     cpu: bool
+    waits: tuple[tuple, ...] = ()  # actions (on other ranks) that must have started first
     start: float = math.nan
     end: float = math.nan
     left: float = 0.0
 
 
-def _build_ops(orders, costs: PipelineCosts, steps: int) -> list[list[_Op]]:
+def _consumers(order: list[Action], rank: int, rank_of: dict[int, int], n_stages: int, step: int) -> tuple[tuple, ...]:
+    """The actions on other ranks that receive what ``order`` sends."""
+    out = []
+    for a in order:
+        nxt = a.stage + 1 if a.kind == "F" else a.stage - 1
+        if 0 <= nxt < n_stages and rank_of[nxt] != rank:
+            out.append((a.kind, nxt, a.mb, step))
+    return tuple(out)
+
+
+def _build_ops(orders, costs: PipelineCosts, steps: int, rank_of: dict[int, int]) -> list[list[_Op]]:
     ranks = []
     for r, order in enumerate(orders):
         ops = []
@@ -165,6 +179,7 @@ def _build_ops(orders, costs: PipelineCosts, steps: int) -> list[list[_Op]]:
             for a in order:
                 work = costs.fwd[a.stage] if a.kind == "F" else costs.bwd[a.stage]
                 ops.append(_Op(r, a.kind, a.stage, a.mb, k, work, True))
+            ops.append(_Op(r, "sends", -1, -1, k, 0.0, False, _consumers(order, r, rank_of, len(costs.fwd), k)))
             for seg in costs.after[r] if costs.after else ():
                 ops.append(_Op(r, seg.name, -1, -1, k, seg.seconds, seg.cpu))
         ranks.append(ops)
@@ -180,8 +195,9 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, cpu_slots: float 
     n_stages = len(costs.fwd)
     n_ranks = len(orders)
     rank_of = {a.stage: r for r, order in enumerate(orders) for a in order}
-    ranks = _build_ops(orders, costs, steps)
+    ranks = _build_ops(orders, costs, steps, rank_of)
     done: dict[tuple, float] = {}
+    started: dict[tuple, float] = {}
     idx = [0] * n_ranks
     free = [0.0] * n_ranks
     running: dict[int, _Op] = {}
@@ -190,7 +206,10 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, cpu_slots: float 
     t = 0.0
 
     def ready_at(op: _Op) -> float | None:
-        """When ``op``'s input is on its rank; None while the producing action has not finished."""
+        """When ``op`` can start; None while an action it waits for has not finished."""
+        if op.waits:  # the step's end: every message this rank sent has been received
+            starts = [started.get(key) for key in op.waits]
+            return None if None in starts else max([free[op.rank], *starts])
         if op.kind == "F" and op.stage > 0:
             prev = done.get(("F", op.stage - 1, op.mb, op.step))
             hop = costs.send_fwd[op.stage - 1] if rank_of[op.stage - 1] != op.rank else 0.0
@@ -199,7 +218,7 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, cpu_slots: float 
             hop = costs.send_bwd[op.stage + 1] if rank_of[op.stage + 1] != op.rank else 0.0
         else:
             return free[op.rank]
-        return None if prev is None else max(free[op.rank], prev + hop)
+        return None if prev is None else max(free[op.rank], prev) + hop
 
     def finish(op: _Op) -> None:
         op.end = t
@@ -210,9 +229,9 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, cpu_slots: float 
             in_flight[op.stage] -= 1
 
     while any(idx[r] < len(ranks[r]) for r in range(n_ranks)):
-        started = True
-        while started:  # start everything that can start now (zero-length work finishes at once)
-            started = False
+        progress = True
+        while progress:  # start everything that can start now (zero-length work finishes at once)
+            progress = False
             for r in range(n_ranks):
                 if r in running or idx[r] >= len(ranks[r]):
                     continue
@@ -220,7 +239,8 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, cpu_slots: float 
                 at = ready_at(op)
                 if at is None or at > t + EPS:
                     continue
-                op.start, op.left, started = t, op.work, True
+                op.start, op.left, progress = t, op.work, True
+                started[(op.kind, op.stage, op.mb, op.step)] = t
                 if op.kind == "F":
                     in_flight[op.stage] += 1
                     max_in_flight[op.stage] = max(max_in_flight[op.stage], in_flight[op.stage])
@@ -233,6 +253,8 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, cpu_slots: float 
         upcoming = [at for r in range(n_ranks) if r not in running and idx[r] < len(ranks[r])
                     if (at := ready_at(ranks[r][idx[r]])) is not None and at > t + EPS]
         ends = [t + op.left / rate[r] for r, op in running.items()]
+        if not upcoming and not ends and all(idx[r] == len(ranks[r]) for r in range(n_ranks)):
+            break
         if not upcoming and not ends:
             raise RuntimeError("pipeline simulation deadlocked: the schedule waits on an action that never runs")
         nxt = min(upcoming + ends)

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 from partrain.config import STRATEGIES, RunConfig
 from partrain.errors import PartrainError
 from partrain.predict import compute
-from partrain.predict.comm import collective_time, transfer_time
-from partrain.predict.memory import MemoryBreakdown, activation_bytes, block_input_bytes, stage_state
-from partrain.predict.pipeline_sim import PipelineCosts, Segment, schedule_order, simulate
+from partrain.predict.comm import collective_time, stage_transfer_time
+from partrain.predict.memory import MemoryBreakdown, activation_bytes, block_input_bytes, stage_state, transient_bytes
+from partrain.predict.pipeline_sim import PipelineCosts, StepWork, schedule_order, simulate
 from partrain.profile.hardware import HardwareProfile
 from partrain.profile.model import ModelProfile
 from partrain.strategies.partition import balanced_bounds, bounds_from_split_points
@@ -271,19 +271,20 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
         comm = 0.0
         notes.append("hogwild: lock-free updates modelled without memory-bandwidth contention")
     mem = MemoryBreakdown(**_baseline(profile, hw, plan.workers), gradients=grads, optimizer=opt_state,
-                          buffers=int(buffers), activations=int(act))
+                          buffers=int(buffers), activations=int(act), transient=transient_bytes(profile, act))
     return Prediction(plan, data + fb + comm + opt, _steps_per_epoch(profile, plan), fb, comm, 0.0, opt, data,
                       mem, (mem.total,) * plan.workers, tuple(notes), occasional)
 
 
 def _ddp_comm(profile: ModelProfile, hw: HardwareProfile, plan: Plan, ranks: list[int], bwd: list[float], slow: float) -> float:
     """Exposed bucket allreduce plus DDP's per-forward broadcast of module buffers (BatchNorm
-    statistics; ``broadcast_buffers=True`` by default)."""
+    statistics; ``broadcast_buffers=True`` by default). Buckets cost what the allreduce costs
+    as DDP drives it (``ddp_allreduce`` in the hardware profile; the plain one on a cluster file)."""
     buckets = ddp_buckets([blk.param_bytes for blk in profile.blocks], plan.bucket_mb * MB)
     backward = [t * slow for t in bwd]
     done_at = [sum(backward[i:]) for i in range(len(backward))]  # backward runs the blocks in reverse
     ready = [done_at[first] for _, first in buckets]
-    costs = [collective_time(hw, "allreduce", nbytes, ranks) for nbytes, _ in buckets]
+    costs = [collective_time(hw, "ddp_allreduce", nbytes, ranks) for nbytes, _ in buckets]
     exposed = overlapped_allreduce(ready, costs, sum(backward))
     buffer_bytes = sum(blk.buffer_bytes for blk in profile.blocks)
     return exposed + collective_time(hw, "broadcast", buffer_bytes, ranks)
@@ -327,12 +328,13 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     """Per-stage compute, boundary transfers, and each rank's work around the schedule."""
     b = _microbatch(plan)
     fwd, bwd = compute.stage_times(profile, bounds, b, plan.recompute)
-    fwd, bwd = tuple(t / env.speed for t in fwd), tuple(t / env.speed for t in bwd)
+    action = hw.pipeline_action_s  # the runtime's own cost per micro-batch action, measured on this hardware
+    fwd, bwd = tuple(t / env.speed + action for t in fwd), tuple(t / env.speed + action for t in bwd)
     n = len(bounds)
     rank = lambda s: (s % plan.pp) * plan.dp  # noqa: E731  (global rank of replica 0's stage s)
     out = [compute.at(profile, profile.blocks[e - 1].out_bytes, b) for _, e in bounds]
-    send_fwd = tuple(transfer_time(hw, out[s], rank(s), rank(s + 1)) if s < n - 1 else 0.0 for s in range(n))
-    send_bwd = tuple(transfer_time(hw, out[s - 1], rank(s), rank(s - 1)) if s > 0 else 0.0 for s in range(n))
+    send_fwd = tuple(stage_transfer_time(hw, out[s], rank(s), rank(s + 1)) if s < n - 1 else 0.0 for s in range(n))
+    send_bwd = tuple(stage_transfer_time(hw, out[s - 1], rank(s), rank(s - 1)) if s > 0 else 0.0 for s in range(n))
     kind = compute.optimizer_kind(plan.optimizer, plan.momentum)
     data = compute.at(profile, profile.data_s, plan.batch_size / plan.dp) / env.speed
     before, after = [], []
@@ -340,12 +342,13 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
         stages = [s for s in range(n) if s % plan.pp == r]
         blocks = [i for s in stages for i in range(*bounds[s])]
         loads = 0 in stages or n - 1 in stages  # PipelineStepper.loads_data: first stage or the loss
-        before.append((Segment("data", data),) if loads else ())
+        before.append((StepWork("data", data),) if loads else ())
         grad_bytes = sum(profile.blocks[i].param_bytes for i in blocks)
         dp_ranks = [rank(stages[0]) + d for d in range(plan.dp)]
         reduce = collective_time(hw, "allreduce", grad_bytes, dp_ranks)  # hybrid: replicas' gradients
         opt = compute.optimizer_time(profile, kind, blocks) / env.speed
-        after.append((Segment("allreduce", reduce, cpu=False), Segment("optimizer", opt)))
+        runtime = StepWork("runtime", hw.pipeline_step_s)  # the schedule's per-step bookkeeping
+        after.append((runtime, StepWork("allreduce", reduce, cpu=False), StepWork("optimizer", opt)))
     return PipelineCosts(fwd, bwd, send_fwd, send_bwd, tuple(before), tuple(after))
 
 
@@ -357,9 +360,9 @@ def _pipeline(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Predict
     cpu_slots = env.cores * env.nodes_used / (env.threads * plan.dp)  # dp replicas run the same timeline
     sim = simulate(orders, costs, cpu_slots)
     no_transfer = simulate(orders, costs.without_transfers(), cpu_slots)
-    busy = sim.busy[0]
-    compute_s = busy.get("F", 0.0) + busy.get("B", 0.0)
-    comm = busy.get("allreduce", 0.0) + max(0.0, sim.step_s - no_transfer.step_s)
+    busy = sim.busy[0]  # rank 0: the worker whose step time the training loop reports
+    compute_s = busy.get("F", 0.0) + busy.get("B", 0.0) + busy.get("runtime", 0.0)
+    comm = busy.get("allreduce", 0.0) + max(0.0, sim.step_s - no_transfer.step_s)  # what the transfers add
     data, opt = busy.get("data", 0.0), busy.get("optimizer", 0.0)
     bubble = max(0.0, sim.step_s - compute_s - comm - data - opt)
     memory = [_pipeline_memory(profile, hw, plan, bounds, sim.max_in_flight, r) for r in range(plan.pp)]
@@ -391,7 +394,7 @@ def _pipeline_memory(profile: ModelProfile, hw: HardwareProfile, plan: Plan, bou
         if s == 0:
             act += block_input_bytes(profile, 0, plan.batch_size / plan.dp)  # the loaded batch
     return MemoryBreakdown(**_baseline(profile, hw, plan.workers), gradients=int(grads), optimizer=int(opt),
-                           buffers=int(buffers), activations=int(act))
+                           buffers=int(buffers), activations=int(act), transient=transient_bytes(profile, act))
 
 
 # ---- serial -------------------------------------------------------------------------------
@@ -409,7 +412,8 @@ def _serial(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Predictio
     n = len(profile.blocks)
     grads, opt_state = stage_state(profile, 0, n, plan.optimizer, plan.momentum)
     act = activation_bytes(profile, 0, n, b) + block_input_bytes(profile, 0, b)
-    mem = MemoryBreakdown(**_baseline(profile, hw, 1), gradients=grads, optimizer=opt_state, buffers=0, activations=int(act))
+    mem = MemoryBreakdown(**_baseline(profile, hw, 1), gradients=grads, optimizer=opt_state, buffers=0,
+                          activations=int(act), transient=transient_bytes(profile, act))
     return Prediction(plan, step, _steps_per_epoch(profile, plan), step - data - opt, 0.0, 0.0, opt, data, mem, (mem.total,))
 
 

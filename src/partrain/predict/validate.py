@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -93,6 +94,7 @@ class Report:
             regrets.append(picked.measured_s / best.measured_s - 1)
             rhos.append(spearman([c.predicted_s for c in cases], [c.measured_s for c in cases]))
         mean = lambda xs: statistics.fmean(xs) if xs else float("nan")  # noqa: E731
+        rhos = [r for r in rhos if not math.isnan(r)]  # a group of ties has no rank correlation
         return {"groups": len(hits), "hit_rate": mean(hits), "regret": mean(regrets), "spearman": mean(rhos)}
 
     def profile_cost(self) -> float:
@@ -153,11 +155,17 @@ def _case(row: dict, cfg: RunConfig, pred: Prediction) -> Case:
                 row["wall_seconds"] or 0.0)
 
 
-def validate(rows: list[dict], profile_for, hardware: HardwareProfile) -> Report:
-    """Predict every row; ``profile_for(cfg, batch_sizes) -> (ModelProfile, seconds spent)``."""
+def validate(rows: list[dict], profile_for, hardware_for, fingerprint: str) -> Report:
+    """Predict every row measured on the hardware ``fingerprint``.
+
+    ``profile_for(cfg, batch_sizes) -> (ModelProfile, seconds it cost)`` gives the model
+    profile of a configuration; ``hardware_for(workers) -> HardwareProfile`` the hardware
+    profile measured with that many workers (the same processes competing for the cores).
+    """
     cases, skipped, spent = [], [], 0.0
     profiles: dict[tuple, ModelProfile] = {}
-    configs = [(r, row_config(r)) for r in measured_rows(rows, hardware.fingerprint)]
+    hardware: dict[int, HardwareProfile] = {}
+    configs = [(r, row_config(r)) for r in measured_rows(rows, fingerprint)]
     wanted: dict[tuple, set[float]] = defaultdict(set)
     for row, cfg in configs:
         wanted[_profile_key(row, cfg)].update(Plan.from_config(cfg).batch_sizes())
@@ -169,7 +177,9 @@ def validate(rows: list[dict], profile_for, hardware: HardwareProfile) -> Report
         if cfg.strategy == "hogwild":
             skipped.append(f"{cfg.model}/{cfg.dataset} hogwild x{cfg.workers}: asynchronous, not validated")
             continue
-        pred = predict_plan(profiles[key], hardware, Plan.from_config(cfg))
+        if cfg.workers not in hardware:
+            hardware[cfg.workers] = hardware_for(cfg.workers)
+        pred = predict_plan(profiles[key], hardware[cfg.workers], Plan.from_config(cfg))
         cases.append(_case(row, cfg, pred))
     return Report(cases, spent, skipped)
 
@@ -184,16 +194,19 @@ def plot_scatter(report: Report, path: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     fig, ax = plt.subplots(figsize=(6.5, 6))
     for strategy in sorted({c.strategy for c in report.cases}):
-        pts = [(c.measured_s, c.predicted_s) for c in report.cases if c.strategy == strategy]
+        pts = [(c.measured_s * 1e3, c.predicted_s * 1e3) for c in report.cases if c.strategy == strategy]
         ax.scatter(*zip(*pts), label=f"{strategy} ({report.mape(strategy):.1%})", s=22)
-    values = [v for c in report.cases for v in (c.measured_s, c.predicted_s)]
+    values = [v * 1e3 for c in report.cases for v in (c.measured_s, c.predicted_s)]
     lo, hi = min(values) / 1.3, max(values) * 1.3
     ax.plot([lo, hi], [lo, hi], "k-", lw=1)
     ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="grey", alpha=0.2, label="±10%")
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured s/step", ylabel="predicted s/step",
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_minor_formatter(NullFormatter())
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured ms/step", ylabel="predicted ms/step",
            title=f"predicted vs measured, MAPE {report.mape():.1%} over {len(report.cases)} cells")
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -2,7 +2,11 @@
 
 ``measure_collectives`` runs in every worker of a process group (gloo on CPU, NCCL on
 GPUs) and times allreduce, all-gather, reduce-scatter, broadcast and a send/recv
-ping-pong over message sizes from 16 bytes to tens of megabytes. ``fit_cost`` turns
+ping-pong over message sizes from 16 bytes to tens of megabytes, and the allreduce once
+more as DDP drives it (``ddp_allreduce``: launched from the autograd hook, waited for at the
+end of backward, with DDP's bucket copies and bookkeeping), because on a CPU backend that
+costs measurably more than the bare collective. ``measure_pipeline_action`` times what
+``torch.distributed.pipelining`` adds to each micro-batch forward or backward. ``fit_cost`` turns
 each sweep into the alpha-beta ("postal") model t(n) = latency + n / bandwidth (Hockney,
 "The communication challenge for MPP", Parallel Computing 1994), fitted piecewise where
 one line does not fit: small messages are latency-bound and often take another protocol
@@ -20,8 +24,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 
-COLLECTIVES = ("allreduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv")
+COLLECTIVES = ("allreduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv", "ddp_allreduce")
 
 
 @dataclass(frozen=True)
@@ -105,18 +112,40 @@ def fit_line(sizes: list[float], times: list[float]) -> tuple[float, float]:
     return min(((0.0, max(0.0, slope_only)), (max(0.0, latency_only), 0.0)), key=lambda ab: err(*ab))
 
 
-def _max_relative_error(sizes, times, latency, spb) -> float:
-    return max(abs(latency + spb * n - t) / t for n, t in zip(sizes, times))
+def _relative_rms(sizes, times, latency, spb) -> float:
+    return math.sqrt(sum(((latency + spb * n - t) / t) ** 2 for n, t in zip(sizes, times)) / len(sizes))
 
 
-def fit_cost(sizes: list[float], times: list[float], tolerance: float = 0.15, max_segments: int = 3) -> CostFit:
-    """Piecewise alpha-beta fit: one line, split where its worst relative error exceeds ``tolerance``.
+def _split_cost(sizes, times, k: int) -> float:
+    """Total squared relative error of fitting each side of a split at ``k`` with its own line."""
+    left, right = (sizes[:k], times[:k]), (sizes[k:], times[k:])
+    return sum(len(s) * _relative_rms(s, t, *fit_line(s, t)) ** 2 for s, t in (left, right))
 
-    The split point is the one that minimises the larger of the two halves' worst errors;
-    each half needs at least two points. Segments are ordered by size.
+
+def monotone(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares (pool-adjacent-violators; Ayer et
+    al., Ann. Math. Statist. 1955): a larger message never costs less, so a timing that dips
+    below a smaller one's is noise, averaged with its neighbours instead of bending the fit."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, c2), (m1, c1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    return [m for m, c in blocks for _ in range(int(c))]
+
+
+def fit_cost(sizes: list[float], times: list[float], tolerance: float = 0.1, max_segments: int = 3) -> CostFit:
+    """Piecewise alpha-beta fit: one line, split where its RMS relative error exceeds ``tolerance``.
+
+    The timings are first made non-decreasing in the size (``monotone``). The split point
+    minimises the summed squared relative error of the two sides, each of at least three
+    points (so that a single noisy timing never gets a line of its own). Segments are
+    ordered by size.
     """
     order = sorted(range(len(sizes)), key=lambda i: sizes[i])
-    sizes, times = [float(sizes[i]) for i in order], [float(times[i]) for i in order]
+    # a difference of two timings (ddp_allreduce) can come out as zero: a nanosecond, not a division by zero
+    sizes, times = [float(sizes[i]) for i in order], monotone([max(float(times[i]), 1e-9) for i in order])
     if len(sizes) < 2:
         raise ValueError("a latency/bandwidth fit needs at least two message sizes")
     return CostFit(tuple(_fit_segments(sizes, times, tolerance, max_segments, math.inf)))
@@ -124,14 +153,9 @@ def fit_cost(sizes: list[float], times: list[float], tolerance: float = 0.15, ma
 
 def _fit_segments(sizes, times, tolerance, max_segments, upto) -> list[Segment]:
     latency, spb = fit_line(sizes, times)
-    if max_segments == 1 or len(sizes) < 4 or _max_relative_error(sizes, times, latency, spb) <= tolerance:
+    if max_segments == 1 or len(sizes) < 6 or _relative_rms(sizes, times, latency, spb) <= tolerance:
         return [Segment(upto, latency, spb)]
-
-    def worst(k: int) -> float:
-        return max(_max_relative_error(sizes[:k], times[:k], *fit_line(sizes[:k], times[:k])),
-                   _max_relative_error(sizes[k:], times[k:], *fit_line(sizes[k:], times[k:])))
-
-    k = min(range(2, len(sizes) - 1), key=worst)
+    k = min(range(3, len(sizes) - 2), key=lambda k: _split_cost(sizes, times, k))
     left = _fit_segments(sizes[:k], times[:k], tolerance, 1, sizes[k - 1])
     return left + _fit_segments(sizes[k:], times[k:], tolerance, max_segments - 1, upto)
 
@@ -227,9 +251,109 @@ def measure_collectives(group, group_ranks: list[int], pair: tuple[int, int], si
         if name == "sendrecv":
             results[name] = [(n, _timed(_ping_pong(n, *pair, device), repeats_for(n)) / 2) for n in sizes]
             continue
+        if name == "ddp_allreduce":
+            results[name] = [(n, _ddp_sync_cost(n, group, inside, device)) for n in sizes]
+            continue
         make = (lambda n: _op(name, n, group, group_ranks, device)) if inside else (lambda n: (lambda: None))
         if not _supported(make(sizes[0])):
             notes.append(f"{name} skipped: the {dist.get_backend()} backend does not run it")
             continue
         results[name] = [(n, _timed(make(n), repeats_for(n))) for n in sizes]
     return results, notes
+
+
+class _Flat(nn.Module):
+    """One parameter of ``numel`` floats whose gradient backward produces at its very end."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(numel))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.w * x).sum()
+
+
+def _ddp_sync_cost(nbytes: int, group, inside: bool, device) -> float:
+    """Seconds DDP adds to a forward + backward whose gradients (``nbytes``, one bucket) are
+    ready only when backward ends: the allreduce it cannot hide, plus its own bookkeeping."""
+    flat = _Flat(max(1, nbytes // 4)).to(device)
+    x = torch.ones_like(flat.w)
+
+    def step(module: nn.Module):
+        module.zero_grad(set_to_none=True)
+        module(x).backward()
+
+    ddp = DistributedDataParallel(flat, process_group=group, bucket_cap_mb=nbytes / 2**20 + 1) if inside else None
+    plain = _timed(lambda: step(flat), repeats_for(nbytes))
+    synced = _timed((lambda: step(ddp)) if inside else (lambda: None), repeats_for(nbytes))
+    return max(0.0, synced - plain)
+
+
+def measure_pipeline_action(group, device, width: int = 64, microbatches: int = 8) -> float:
+    """Seconds ``torch.distributed.pipelining`` adds to each micro-batch forward or backward.
+
+    A one-stage GPipe schedule on ``group`` (this rank alone) over a small MLP, with 1 and
+    with ``microbatches`` micro-batches: the extra time per micro-batch, less the same
+    module's plain forward, loss and backward, is the runtime's cost of two actions.
+    """
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    module = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)).to(device)
+    x, y = torch.randn(2, width, device=device), torch.randint(0, 10, (2,), device=device)
+
+    def schedule_step(m: int):
+        stage = PipelineStage(module, 0, 1, device, group=group)
+        schedule = ScheduleGPipe(stage, m, loss_fn=F.cross_entropy, scale_grads=True)
+        xs, ys = x.repeat(m, 1), y.repeat(m)
+        return lambda: schedule.step(xs, target=ys, losses=[])
+
+    def plain():
+        F.cross_entropy(module(x), y).backward()
+
+    one, many = (_median_of(schedule_step(m)) for m in (1, microbatches))
+    return max(0.0, ((many - one) / (microbatches - 1) - _median_of(plain)) / 2)
+
+
+def _median_of(run, repeats: int = 50) -> float:
+    run()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[int, ...] = (4, 8)) -> dict:
+    """Step times of a real two-stage pipeline (ranks 0 and 1) over tiny stages, per schedule and
+    micro-batch count, with each stage's plain forward and backward: what a message between
+    stages costs inside the runtime (waking a waiting worker included), which a ping-pong
+    between two busy workers underestimates. The micro-batch counts are those of the default
+    (2 x stages) for 2 and 4 stages. Ranks 0 and 1 call this; rank 0 gets the result.
+    """
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    rank = dist.get_rank(group)
+    module = (nn.Sequential(nn.Linear(width, width), nn.ReLU()) if rank == 0 else nn.Linear(width, 10)).to(device)
+    x = torch.randn(2, width, device=device)
+    y = torch.randint(0, 10, (2,), device=device)
+    steps = []
+    for cls, name in ((ScheduleGPipe, "gpipe"), (Schedule1F1B, "1f1b")):
+        for m in microbatches:
+            stage = PipelineStage(module, rank, 2, device, group=group)
+            schedule = cls(stage, m, loss_fn=F.cross_entropy, scale_grads=True)
+            xs, ys = x.repeat(m, 1), y.repeat(m)
+            run = (lambda: schedule.step(xs, losses=[])) if rank == 0 else (lambda: schedule.step(target=ys, losses=[]))
+            steps.append({"schedule": name, "microbatches": m, "step_s": _median_of(run, repeats=30)})
+    inp = x.requires_grad_(rank > 0)
+    grad = torch.ones(2, width, device=device)
+
+    def forward_backward():  # the last stage's backward starts from the loss
+        out = module(inp)
+        (F.cross_entropy(out, y) if rank == 1 else out).backward(None if rank == 1 else grad)
+
+    fwd = _median_of(lambda: module(inp))
+    bwd = max(0.0, _median_of(forward_backward) - fwd)
+    stage_s = [None, None]
+    dist.all_gather_object(stage_s, (fwd, bwd), group=group)
+    return {"steps": steps, "stage_s": stage_s, "message_bytes": 2 * width * 4}

@@ -30,11 +30,12 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from partrain.bench.hardware import fingerprint as machine
 from partrain.errors import PartrainError
-from partrain.profile.collectives import CostFit, default_sizes, fit_cost, measure_collectives
+from partrain.profile.collectives import (
+    CostFit, default_sizes, fit_cost, measure_collectives, measure_pipeline_action, measure_pipeline_hops,
+)
 
 PROFILE_DIR_ENV = "PARTRAIN_PROFILE_DIR"
 DEFAULT_PROFILE_DIR = Path("~/.partrain/profiles")
-TIERS = ("intra", "inter")
 
 
 def profile_dir(path: str | os.PathLike | None = None) -> Path:
@@ -64,9 +65,12 @@ class HardwareProfile:
     links: dict[str, CostFit] = field(default_factory=dict)  # tier -> point-to-point fit
     collectives: dict[str, dict[int, dict[str, CostFit]]] = field(default_factory=dict)  # tier -> group size -> name -> fit
     process_group_rss_bytes: int = 0  # resident memory a worker gains by joining the process group
+    pipeline_action_s: float = 0.0  # what the pipelining runtime adds to each micro-batch forward or backward
+    pipeline_step_s: float = 0.0  # what it adds once per step (splitting the batch, merging losses)
+    pipeline_hop_s: float | None = None  # latency of one message between stages inside the runtime
     source: str = "measured"
     notes: list[str] = field(default_factory=list)
-    points: dict = field(default_factory=dict)  # the raw measurements, tier -> size -> name -> [[bytes, s]]
+    points: dict = field(default_factory=dict)  # raw: tier -> group size -> name -> [[bytes, s]]; "pipeline": the probe
 
     def memory_limit_per_worker(self, local_workers: int) -> int:
         return self.device_memory_bytes // max(1, local_workers) if self.shared_memory else self.device_memory_bytes
@@ -82,7 +86,8 @@ class HardwareProfile:
                 tier: {str(p): {name: fit.to_dict() for name, fit in fits.items()} for p, fits in sizes.items()}
                 for tier, sizes in self.collectives.items()
             },
-            "process_group_rss_bytes": self.process_group_rss_bytes, "source": self.source,
+            "process_group_rss_bytes": self.process_group_rss_bytes, "pipeline_action_s": self.pipeline_action_s,
+            "pipeline_step_s": self.pipeline_step_s, "pipeline_hop_s": self.pipeline_hop_s, "source": self.source,
             "notes": self.notes, "points": self.points,
         }
 
@@ -96,8 +101,9 @@ class HardwareProfile:
                 tier: {int(p): {name: CostFit.from_dict(rows) for name, rows in fits.items()} for p, fits in sizes.items()}
                 for tier, sizes in d["collectives"].items()
             },
-            int(d.get("process_group_rss_bytes", 0)), d.get("source", "measured"), list(d.get("notes", [])),
-            d.get("points", {}),
+            int(d.get("process_group_rss_bytes", 0)), float(d.get("pipeline_action_s", 0.0)),
+            float(d.get("pipeline_step_s", 0.0)), d.get("pipeline_hop_s"),
+            d.get("source", "measured"), list(d.get("notes", [])), d.get("points", {}),
         )
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -105,7 +111,10 @@ class HardwareProfile:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> HardwareProfile:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise PartrainError(f"hardware profile {path} is unreadable ({err}): delete it or profile again") from None
 
 
 def _write_json(path: Path, data: dict) -> Path:
@@ -220,6 +229,10 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
     out: dict = {"tiers": {}, "notes": [], "process_group_rss_bytes": joined, "backend": backend,
                  "world_size": info.world_size, "local_world_size": info.local_world_size}
     try:
+        alone, pair = dist.new_group([0]), dist.new_group([0, 1])  # every rank creates every group
+        out["pipeline_action_s"] = measure_pipeline_action(alone, device) if info.rank == 0 else 0.0
+        out["pipeline_probe"] = measure_pipeline_hops(pair, device) if info.rank in (0, 1) else None
+        dist.barrier()
         for tier, k, groups, pair in _tier_plans(info.world_size, info.local_world_size):
             made = [(ranks, dist.new_group(ranks)) for ranks in groups]  # every rank creates every group
             mine = next(((ranks, g) for ranks, g in made if dist.get_rank() in ranks), (groups[0], None))
@@ -243,6 +256,32 @@ def fit_measurements(raw: dict) -> tuple[dict[str, CostFit], dict[str, dict[int,
     return links, collectives
 
 
+def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200) -> tuple[float, float]:
+    """(per-step overhead, per-message latency) that make the pipeline simulation reproduce the
+    measured two-stage probe, in least squares over both schedules and all micro-batch counts.
+
+    The per-step overhead adds to every simulated step alike, so for each latency on a grid
+    up to half the slowest probe step its best value is the mean residual; the latency with
+    the smallest squared error wins. Absolute errors weigh the runs with more micro-batches,
+    where messages cost the most, as in real schedules.
+    """
+    from partrain.predict.pipeline_sim import PipelineCosts, schedule_order, simulate
+
+    (f0, b0), (f1, b1) = probe["stage_s"]
+    fwd, bwd = (f0 + action_s, f1 + action_s), (b0 + action_s, b1 + action_s)
+    measured = [p["step_s"] for p in probe["steps"]]
+
+    def fit(hop: float) -> tuple[float, float, float]:
+        costs = PipelineCosts(fwd, bwd, (hop, 0.0), (0.0, hop))
+        residual = [m - simulate(schedule_order(p["schedule"], 2, p["microbatches"]), costs).step_s
+                    for m, p in zip(measured, probe["steps"])]
+        step = max(0.0, sum(residual) / len(residual))
+        return sum((r - step) ** 2 for r in residual), step, hop
+
+    _, step, hop = min(fit(max(measured) / 2 * i / grid) for i in range(grid + 1))
+    return step, hop
+
+
 def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str | None = None, threads: int = 1) -> HardwareProfile:
     """Measure the collectives with ``workers`` workers (or the launcher's) and fit them."""
     from partrain.distributed.launch import detect_launcher
@@ -259,6 +298,7 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
             raise PartrainError("profile --hardware needs at least 2 workers to time collectives: use --workers 2 or more")
         raw = spawn(hardware_worker, (sizes, backend, threads), workers)[0]
     links, collectives = fit_measurements(raw)
+    step_s, hop_s = fit_pipeline_runtime(raw["pipeline_probe"], raw["pipeline_action_s"])
     local = raw["local_world_size"]
     cuda = raw["backend"] == "nccl"
     here = machine()
@@ -274,8 +314,12 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         links=links,
         collectives=collectives,
         process_group_rss_bytes=raw["process_group_rss_bytes"],
+        pipeline_action_s=raw["pipeline_action_s"],
+        pipeline_step_s=step_s,
+        pipeline_hop_s=hop_s,
         notes=raw["notes"],
-        points=json.loads(json.dumps({tier: {str(k): v for k, v in by.items()} for tier, by in raw["tiers"].items()})),
+        points=json.loads(json.dumps({**{tier: {str(k): v for k, v in by.items()} for tier, by in raw["tiers"].items()},
+                                      "pipeline": raw["pipeline_probe"]})),
     )
 
 
@@ -288,22 +332,19 @@ def local_hardware() -> HardwareProfile:
 
 
 def hardware_for(workers: int, directory=None, refresh: bool = False) -> tuple[HardwareProfile, Path | None, bool]:
-    """This machine's hardware profile for ``workers``: (profile, path, reused).
+    """This machine's hardware profile for ``workers`` local workers: (profile, path, reused).
 
     One worker needs none. Otherwise the cached profile measured with ``workers`` workers,
-    else the cached one with the most workers (other group sizes are derived from it, see
-    ``predict.comm``), else a new measurement with ``workers`` workers, saved.
+    or a new measurement, saved: with as many processes sharing the cores as the job will
+    have, collectives cost what they will cost in it.
     """
     if workers <= 1:
         return local_hardware(), None, True
-    directory = profile_dir(directory)
-    exact = hardware_path(directory, workers)
-    cached = sorted(directory.glob(f"hardware-w*-{fingerprint()}.json"), key=lambda p: int(p.name.split("-")[1][1:]))
-    if not refresh and (exact.is_file() or cached):
-        path = exact if exact.is_file() else cached[-1]
+    path = hardware_path(profile_dir(directory), workers)
+    if path.is_file() and not refresh:
         return HardwareProfile.load(path), path, True
     profile = profile_hardware(workers)
-    return profile, profile.save(exact), False
+    return profile, profile.save(path), False
 
 
 def hardware_table(hw: HardwareProfile):
@@ -320,7 +361,8 @@ def hardware_table(hw: HardwareProfile):
     for tier, link in hw.links.items():
         if tier not in hw.collectives:
             table.add_row(tier, "2", "link", _segment_text(link.segments[0]))
-    table.caption = "; ".join(hw.notes) or None
+    action = f"pipeline runtime: {hw.pipeline_action_s * 1e6:.0f} us per micro-batch action"
+    table.caption = "; ".join([action, *hw.notes])
     return table
 
 

@@ -7,7 +7,8 @@ the optimizer step (SGD with and without momentum, Adam), the loss, a whole seri
 training step (which calibrates the sum of the isolated blocks against the model run in
 one piece), the data loading time per batch, and the
 resident memory of a fresh process that has imported torch, loaded the data and built
-the model (the baseline every worker's ``ru_maxrss`` starts from).
+the model (the baseline every worker's ``ru_maxrss`` starts from), and its peak after a few
+serial training steps at each batch size (what the allocator really holds for a step).
 
 Profiles are cached as JSON in the profile directory (``profile.hardware.profile_dir``),
 keyed by model, dataset, batch sizes, threads and the hardware fingerprint, and reused by
@@ -40,7 +41,7 @@ from partrain.models import build_model, model_blocks
 from partrain.profile.hardware import _write_json, fingerprint, profile_dir
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
-MIN_REPEATS, MAX_REPEATS, TARGET_S = 3, 15, 0.2  # timed runs per measurement: at least 3, ~0.2 s
+MIN_REPEATS, MAX_REPEATS, TARGET_S = 3, 50, 0.5  # timed runs per measurement: at least 3, about 0.5 s
 
 
 @dataclass
@@ -79,8 +80,10 @@ class ModelProfile:
     data_s: list[float]  # loading one batch from the in-memory dataset
     optimizer_s: dict[str, float]  # one step over all parameters, per optimizer
     baseline_rss_bytes: int  # resident set of a fresh worker-like process: torch, data, model
-    baseline_peak_rss_bytes: int  # its ru_maxrss (loading data may peak above what stays)
+    baseline_peak_rss_bytes: int  # its peak (loading data may peak above what stays)
+    train_peak_rss_bytes: list[int]  # the same process's peak after serial SGD-momentum steps at each batch size
     profile_seconds: float = 0.0
+    other_load: float = 0.0  # share of the machine's CPU other processes used while profiling
     options: dict = field(default_factory=dict)
 
     @property
@@ -110,12 +113,18 @@ class ModelProfile:
 
 
 def _median_times(run: Callable[[], tuple[float, ...]]) -> list[float]:
-    """Per component, the median seconds ``run`` reports, after one warm-up call."""
+    """Per component, the median seconds ``run`` reports, after one warm-up call.
+
+    The samples are split in their first and second half and the lower median is kept: a
+    burst of work from another process during one half does not move the result.
+    """
     run()
     samples: list[tuple[float, ...]] = []
     while len(samples) < MIN_REPEATS or (sum(map(sum, samples)) < TARGET_S and len(samples) < MAX_REPEATS):
         samples.append(run())
-    return [statistics.median(col) for col in zip(*samples)]
+    half = len(samples) // 2
+    halves = [samples[:half], samples[half:]] if half >= 2 else [samples]
+    return [min(statistics.median(s[i] for s in part) for part in halves) for i in range(len(samples[0]))]
 
 
 def _timed(fn: Callable[[], object]) -> Callable[[], tuple[float]]:
@@ -172,16 +181,23 @@ def _time_block(block: nn.Module, x: torch.Tensor, needs_grad: bool) -> list[flo
 
 
 def _time_optimizer(params: list[nn.Parameter], kind: str) -> float:
-    """Median seconds of one ``kind`` optimizer step over ``params`` (gradients of ones)."""
+    """Median seconds of one ``kind`` optimizer step over ``params``, each on fresh gradients
+    (as after a backward: newly written memory, not the cache-warm tensors of the last step)."""
     if not params:
         return 0.0
-    for p in params:
-        p.grad = torch.ones_like(p)
     if kind == "adam":
         opt = torch.optim.Adam(params, lr=1e-12)
     else:
         opt = torch.optim.SGD(params, lr=1e-12, momentum=0.9 if kind == "sgd-momentum" else 0.0)
-    seconds = _median_times(_timed(opt.step))[0]  # the warm-up step allocates the optimizer state
+
+    def run() -> tuple[float]:
+        for p in params:
+            p.grad = torch.ones_like(p)
+        start = time.perf_counter()
+        opt.step()
+        return (time.perf_counter() - start,)
+
+    seconds = _median_times(run)[0]  # the warm-up step allocates the optimizer state
     for p in params:
         p.grad = None
     return seconds
@@ -219,37 +235,73 @@ def _time_whole(model: nn.Module, train_set, batch: int, opt: torch.optim.Optimi
             "data_s": _median_times(_timed(lambda: train_set.get(idx())))[0]}
 
 
+def _cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds every process has used, CPU seconds this one has), from /proc/stat."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    busy = sum(int(v) for i, v in enumerate(fields) if i not in (3, 4))  # all but idle and iowait
+    return busy / os.sysconf("SC_CLK_TCK"), time.process_time()
+
+
+def _others_share(before: tuple[float, float], after: tuple[float, float], wall: float) -> float:
+    """The share of all cores that other processes kept busy over ``wall`` seconds: time
+    measured while they ran is inflated, and the profile says so."""
+    others = (after[0] - before[0]) - (after[1] - before[1])
+    return max(0.0, others / (wall * (os.cpu_count() or 1)))
+
+
+def busy_warning(profile: ModelProfile, threshold: float = 0.1) -> str | None:
+    """One line when other processes competed with the profiler for the CPU, else None."""
+    if profile.other_load < threshold:
+        return None
+    return (f"warning: other processes used {profile.other_load:.0%} of the CPU while {profile.model} was profiled; "
+            "its times may be inflated: profile again with --refresh when the machine is quiet")
+
+
+def _status_bytes(key: str) -> int:
+    """A /proc/self/status memory figure. VmHWM, not ru_maxrss, for peaks: Linux carries
+    ru_maxrss over exec from the parent process (here, the profiler)."""
+    return int(re.search(rf"{key}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+
 def baseline_probe() -> None:
-    """Entry point of the baseline process: print its resident set after a worker's set-up."""
+    """Entry point of the memory probe: a fresh process set up as a training worker is.
+
+    Prints its resident set after the set-up (and the peak of it), then the peak resident
+    set of a few serial training steps (SGD with momentum) at each batch size, ascending.
+    """
     args = json.loads(sys.argv[1])
     import partrain.runner  # noqa: F401  (a worker imports the training machinery)
 
     torch.set_num_threads(args["threads"])
     data = dict(data_dir=args["data_dir"], synthetic=args["synthetic"])
-    load_dataset(args["dataset"], "train", **data)
+    train_set = load_dataset(args["dataset"], "train", **data)
     load_dataset(args["dataset"], "test", **data)
-    spec_shape, classes = args["input_shape"], args["num_classes"]
-    build_model(args["model"], tuple(spec_shape), classes, **args["options"])
+    net = build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"])
     torch.ones(64, 64) @ torch.ones(64, 64)  # start the intra-op thread pool
-    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the parent (the profiler)
-    status = Path("/proc/self/status").read_text()
-    kib = {key: int(re.search(rf"{key}:\s+(\d+)", status).group(1)) for key in ("VmRSS", "VmHWM")}
-    print(json.dumps({"rss": kib["VmRSS"] * 1024, "peak": kib["VmHWM"] * 1024}))
+    out = {"rss": _status_bytes("VmRSS"), "peak": _status_bytes("VmHWM"), "train_peaks": []}
+    opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
+    for b in sorted(args["batch_sizes"]):
+        x, y = train_set.get(torch.arange(b) % len(train_set))
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(net(x), y).backward()
+            opt.step()
+        out["train_peaks"].append(_status_bytes("VmHWM"))
+    print(json.dumps(out))
 
 
-def measure_baseline(model: str, dataset: str, input_shape, num_classes: int, threads: int, data_dir, synthetic: bool,
-                     options: dict) -> tuple[int, int]:
-    """(resident bytes, peak resident bytes) of a fresh process set up like a training worker."""
+def measure_memory(model: str, dataset: str, input_shape, num_classes: int, batch_sizes: list[int], threads: int,
+                   data_dir, synthetic: bool, options: dict) -> dict:
+    """``baseline_probe``'s figures: {"rss", "peak", "train_peaks" (one per batch size)}."""
     args = {"model": model, "dataset": dataset, "input_shape": list(input_shape), "num_classes": num_classes,
-            "threads": threads, "data_dir": None if data_dir is None else str(data_dir), "synthetic": synthetic,
-            "options": options}
+            "batch_sizes": batch_sizes, "threads": threads, "data_dir": None if data_dir is None else str(data_dir),
+            "synthetic": synthetic, "options": options}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # user factories stay importable
     proc = subprocess.run([sys.executable, "-c", "from partrain.profile.model import baseline_probe; baseline_probe()",
-                           json.dumps(args)], capture_output=True, text=True, env=env, timeout=300)
+                           json.dumps(args)], capture_output=True, text=True, env=env, timeout=600)
     if proc.returncode != 0:
         raise PartrainError(f"measuring the baseline memory failed: {proc.stderr.strip().splitlines()[-1:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out["rss"], out["peak"]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int = 1, data_dir=None,
@@ -258,7 +310,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise PartrainError(f"--batch-sizes must be positive integers, got {batch_sizes}")
     batch_sizes, options = sorted(set(batch_sizes)), options or {}
-    started, saved_threads = time.perf_counter(), torch.get_num_threads()
+    started, saved_threads, load_before = time.perf_counter(), torch.get_num_threads(), _cpu_seconds()
     torch.set_num_threads(threads)
     try:
         train_set = load_dataset(dataset, "train", data_dir=data_dir, synthetic=synthetic, seed=seed)
@@ -272,24 +324,28 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
             opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
             per_batch.append((_profile_blocks(blocks, x), _time_whole(net, train_set, b, opt)))
         block_profiles = [
-            _block_profile(name_of(net, blk), blk, [rows[i] for rows, _ in per_batch]) for i, blk in enumerate(blocks)
+            _block_profile(_name_of(net, blk), blk, [rows[i] for rows, _ in per_batch]) for i, blk in enumerate(blocks)
         ]
         params = [p for p in net.parameters() if p.requires_grad]
         optimizer_s = {kind: _time_optimizer(params, kind) for kind in OPTIMIZERS}
     finally:
         torch.set_num_threads(saved_threads)
-    rss, peak = measure_baseline(model, dataset, spec.input_shape, spec.num_classes, threads, data_dir, synthetic, options)
+    others = _others_share(load_before, _cpu_seconds(), time.perf_counter() - started)
+    memory = measure_memory(model, dataset, spec.input_shape, spec.num_classes, batch_sizes, threads, data_dir, synthetic,
+                            options)
     whole = {key: [w[key] for _, w in per_batch] for key in per_batch[0][1]}
     return ModelProfile(
         model=model, dataset=dataset, synthetic=synthetic, batch_sizes=batch_sizes, threads=threads,
         fingerprint=fingerprint(), input_shape=list(spec.input_shape),
         input_bytes=4 * int(torch.tensor(spec.input_shape).prod()), train_samples=len(train_set),
-        blocks=block_profiles, loss_s=whole["loss_s"], step_s=whole["step_s"], data_s=whole["data_s"], optimizer_s=optimizer_s, baseline_rss_bytes=rss,
-        baseline_peak_rss_bytes=peak, profile_seconds=time.perf_counter() - started, options=options,
+        blocks=block_profiles, loss_s=whole["loss_s"], step_s=whole["step_s"], data_s=whole["data_s"],
+        optimizer_s=optimizer_s, baseline_rss_bytes=memory["rss"], baseline_peak_rss_bytes=memory["peak"],
+        train_peak_rss_bytes=memory["train_peaks"], profile_seconds=time.perf_counter() - started,
+        other_load=others, options=options,
     )
 
 
-def name_of(model: nn.Module, block: nn.Module) -> str:
+def _name_of(model: nn.Module, block: nn.Module) -> str:
     return next((name for name, m in model.named_modules() if m is block), "") or type(block).__name__
 
 
@@ -330,7 +386,10 @@ def load_or_profile(model: str, dataset: str, batch_sizes: list[int], threads: i
     """The cached profile for this key, or a new one saved there. Returns (profile, path, reused)."""
     path = profile_path(profile_dir(directory), model, dataset, batch_sizes, threads, synthetic, options)
     if path.is_file() and not refresh:
-        return ModelProfile.load(path), path, True
+        try:
+            return ModelProfile.load(path), path, True
+        except PartrainError:  # written by another partrain version: measure again
+            pass
     profile = profile_model(model, dataset, batch_sizes, threads, data_dir, synthetic, options)
     profile.save(path)
     return profile, path, False
@@ -352,5 +411,6 @@ def profile_table(profile: ModelProfile):
     opt = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in profile.optimizer_s.items())
     table.caption = (f"serial step {join(profile.step_s, 1e3, '.2f')} ms, data {join(profile.data_s, 1e3, '.3f')} ms, "
                      f"optimizer ms: {opt}; baseline RSS {profile.baseline_rss_bytes / 2**20:.0f} MiB "
-                     f"(peak {profile.baseline_peak_rss_bytes / 2**20:.0f}); profiled in {profile.profile_seconds:.1f} s")
+                     f"(peak {profile.baseline_peak_rss_bytes / 2**20:.0f}); profiled in {profile.profile_seconds:.1f} s, "
+                     f"other processes used {profile.other_load:.0%} of the CPU meanwhile")
     return table

@@ -1,0 +1,123 @@
+"""The recommender: never a plan that does not fit or run; serial when parallelism cannot pay."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from partrain.cli import main
+from partrain.profile.hardware import load_cluster
+from partrain.profile.model import load_or_profile
+from partrain.recommend import kendall_tau, needed_batch_sizes, parse_bytes, recommend, worker_counts
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTER = """
+[cluster]
+name = "{name}"
+nodes = 1
+workers_per_node = 4
+device_memory_gb = {memory_gb}
+shared_memory = false
+compute_speed = 1.0
+cores_per_node = 64
+backend = "nccl"
+
+[intra]
+bandwidth_gb_per_s = {bandwidth}
+latency_us = {latency_us}
+"""
+
+
+def cluster(tmp_path, name="fake", memory_gb=16, bandwidth=10.0, latency_us=5):
+    path = tmp_path / f"{name}.toml"
+    path.write_text(CLUSTER.format(name=name, memory_gb=memory_gb, bandwidth=bandwidth, latency_us=latency_us))
+    return path
+
+
+@pytest.fixture(scope="module")
+def profile_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("profiles")
+
+
+@pytest.fixture(scope="module")
+def mlp_profile(profile_dir, data_dir):
+    sizes = sorted({int(b) for b in needed_batch_sizes(4, 64)})
+    return load_or_profile("mlp", "mnist", sizes, 1, profile_dir, data_dir)[0]
+
+
+def test_parse_bytes_and_worker_counts():
+    assert parse_bytes("2GB") == 2 * 2**30 and parse_bytes("512 MiB") == 2**29 and parse_bytes("1000") == 1000
+    assert worker_counts(8) == [1, 2, 4, 8] and worker_counts(6) == [1, 2, 4, 6] and worker_counts(1) == [1]
+    assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0 and kendall_tau([1, 2, 3], [3, 2, 1]) == -1.0
+
+
+def test_a_very_slow_link_and_a_tiny_model_recommend_serial(tmp_path, mlp_profile):
+    hw = load_cluster(cluster(tmp_path, bandwidth=0.001, latency_us=20000))  # 1 MB/s, 20 ms
+    rec = recommend(lambda t: mlp_profile, hw, workers=4, batch_size=64)
+    assert rec.winner.plan.strategy == "serial" and rec.winner.plan.workers == 1
+    assert "No parallel plan beats serial here" in rec.explanation()
+
+
+def test_a_plan_that_does_not_fit_the_memory_limit_is_never_recommended(tmp_path, mlp_profile):
+    hw = load_cluster(cluster(tmp_path))
+    free = recommend(lambda t: mlp_profile, hw, workers=2, batch_size=64)
+    limit = free.winner.memory_bytes_per_worker - 1  # the unconstrained winner no longer fits
+    rec = recommend(lambda t: mlp_profile, hw, workers=2, batch_size=64, memory_limit=limit)
+    assert all(p.memory_bytes_per_worker <= limit for p in rec.ranked)
+    assert rec.winner.plan != free.winner.plan
+    reasons = {p: r for p, r in rec.rejected}
+    assert reasons[free.winner.plan].startswith("out of memory: needs ")
+
+
+def test_a_model_too_big_for_one_device_gets_a_sharded_or_pipelined_plan(tmp_path, mlp_profile):
+    hw = load_cluster(cluster(tmp_path))
+    free = recommend(lambda t: mlp_profile, hw, workers=2, batch_size=64)
+    serial = free.serial_for(64)
+    rec = recommend(lambda t: mlp_profile, hw, workers=2, batch_size=64, memory_limit=serial.memory_bytes_per_worker - 1)
+    assert rec.winner.plan.strategy in {"fsdp", "model-parallel", "gpipe", "1f1b", "hybrid"}
+    assert not any(p.plan.strategy in ("serial", "ddp") for p in rec.ranked)  # full replicas do not fit
+
+
+def test_nothing_fits_is_one_clear_error(tmp_path, mlp_profile):
+    from partrain.errors import PartrainError
+
+    with pytest.raises(PartrainError, match="fits the memory limit"):
+        recommend(lambda t: mlp_profile, load_cluster(cluster(tmp_path)), workers=2, batch_size=64, memory_limit=1000)
+
+
+def test_json_is_complete_and_the_printed_command_runs_as_printed(tmp_path, profile_dir, data_dir, capsys):
+    path = cluster(tmp_path)
+    argv = ["recommend", "--model", "mlp", "--dataset", "mnist", "--workers", "2", "--batch-size", "64",
+            "--cluster", str(path), "--profile-dir", str(profile_dir), "--data-dir", str(data_dir), "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("winner", "ranked", "rejected", "explanation", "command", "torchrun_command", "hardware",
+                "profile_seconds", "memory_limit_bytes", "objective"):
+        assert key in out, key
+    winner = out["winner"]
+    for key in ("seconds_per_step", "seconds_per_epoch", "compute_s", "comm_s", "bubble_s", "memory_bytes_per_worker", "cli_args"):
+        assert key in winner, key
+    assert out["ranked"][0]["label"] == winner["label"]
+    assert out["command"].startswith("partrain train --model mlp --dataset mnist")
+    # run it exactly as printed (a few steps), through the installed module
+    command = shlex.split(out["command"])[1:] + ["--steps", "3", "--no-eval", "--quiet", "--backend", "gloo"]
+    proc = subprocess.run([sys.executable, "-m", "partrain", *command], capture_output=True, text=True, cwd=REPO, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith(f"mlp on mnist, {winner['plan']['strategy']} x{winner['plan']['workers']}")
+
+
+@pytest.mark.slow
+def test_run_trains_the_plan_it_printed(tmp_path, profile_dir, data_dir, capsys):
+    argv = ["recommend", "--model", "mlp", "--dataset", "mnist", "--workers", "2", "--batch-size", "64",
+            "--profile-dir", str(profile_dir), "--data-dir", str(data_dir), "--json", "--run", "--steps", "20"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    measured = out["measured"]
+    assert measured["steps"] == 20 and measured["seconds_per_step"] > 0
+    assert measured["predicted_seconds_per_step"] == pytest.approx(
+        out["winner"]["median_step_s"]) and measured["test_accuracy"] > 0.5
