@@ -17,8 +17,10 @@ Everything here but ``measure_collectives`` is pure and needs no process group.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 
@@ -237,13 +239,45 @@ def _supported(run) -> bool:
     return bool(flag.item())
 
 
+@contextlib.contextmanager
+def background_load(enabled: bool):
+    """Keep one core busy with matrix products while the block runs (when ``enabled``).
+
+    Ranks that sit out a measurement run this, so that a group measured inside a bigger job
+    shares the cores as it will in the job, where the other workers compute: with more
+    workers than cores, waking a waiting worker then waits for a core too.
+    """
+    if not enabled:
+        yield
+        return
+    stop = threading.Event()
+    a = torch.randn(256, 256)
+
+    def burn():
+        while not stop.is_set():
+            a @ a  # releases the GIL: the main thread keeps joining the barriers
+
+    thread = threading.Thread(target=burn, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def measure_collectives(group, group_ranks: list[int], pair: tuple[int, int], sizes: list[int], device) -> tuple[dict, list[str]]:
     """Every rank of the world calls this; returns ({collective: [(bytes, seconds)]}, notes).
 
-    The ranks of ``group_ranks`` run the collectives on ``group`` (ranks outside it, if
-    any, only join the barriers); ``pair`` runs the send/recv ping-pong. A collective the
-    backend lacks is skipped and named in the notes.
+    The ranks of ``group_ranks`` run the collectives on ``group``; ranks outside it, if
+    any, keep a core busy and join the barriers (``background_load``); ``pair`` runs the
+    send/recv ping-pong. A collective the backend lacks is skipped and named in the notes.
     """
+    with background_load(dist.get_rank() not in group_ranks):
+        return _measure_collectives(group, group_ranks, pair, sizes, device)
+
+
+def _measure_collectives(group, group_ranks, pair, sizes, device) -> tuple[dict, list[str]]:
     inside = dist.get_rank() in group_ranks
     results: dict[str, list[tuple[int, float]]] = {}
     notes: list[str] = []

@@ -31,7 +31,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from partrain.bench.hardware import fingerprint as machine
 from partrain.errors import PartrainError
 from partrain.profile.collectives import (
-    CostFit, default_sizes, fit_cost, measure_collectives, measure_pipeline_action, measure_pipeline_hops,
+    CostFit, background_load, default_sizes, fit_cost, measure_collectives, measure_pipeline_action,
+    measure_pipeline_hops,
 )
 
 PROFILE_DIR_ENV = "PARTRAIN_PROFILE_DIR"
@@ -231,8 +232,9 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
     try:
         alone, pair = dist.new_group([0]), dist.new_group([0, 1])  # every rank creates every group
         out["pipeline_action_s"] = measure_pipeline_action(alone, device) if info.rank == 0 else 0.0
-        out["pipeline_probe"] = measure_pipeline_hops(pair, device) if info.rank in (0, 1) else None
-        dist.barrier()
+        with background_load(info.rank not in (0, 1)):  # the job's other workers compute meanwhile
+            out["pipeline_probe"] = measure_pipeline_hops(pair, device) if info.rank in (0, 1) else None
+            dist.barrier()
         for tier, k, groups, pair in _tier_plans(info.world_size, info.local_world_size):
             made = [(ranks, dist.new_group(ranks)) for ranks in groups]  # every rank creates every group
             mine = next(((ranks, g) for ranks, g in made if dist.get_rank() in ranks), (groups[0], None))

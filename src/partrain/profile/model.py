@@ -3,18 +3,18 @@
 For every pipeline block (``models.model_blocks``) and every profiled batch size:
 forward and backward seconds, output bytes (what a stage boundary sends), the bytes
 autograd keeps for backward, and FLOPs (``torch.utils.flop_counter``); once per model:
-the optimizer step (SGD with and without momentum, Adam), the loss, a whole serial
-training step (which calibrates the sum of the isolated blocks against the model run in
-one piece), the data loading time per batch, and the
+the optimizer step (SGD with and without momentum, Adam), the loss, the data loading time
+per batch, and the
 resident memory of a fresh process that has imported torch, loaded the data and built
 the model (the baseline every worker's ``ru_maxrss`` starts from), and its peak after a few
 serial training steps at each batch size (what the allocator really holds for a step).
 
 Profiles are cached as JSON in the profile directory (``profile.hardware.profile_dir``),
 keyed by model, dataset, batch sizes, threads and the hardware fingerprint, and reused by
-every later prediction. Cost: about nine forward/backward passes of the model per batch
-size (an instrumented one, then four of each block and four whole steps, the first of
-each a warm-up), plus a few seconds for the baseline process (it imports torch).
+every later prediction. Cost: about five forward/backward passes of the model per batch
+size (an instrumented one, then at least four of each block, the first a warm-up), plus
+the memory probe: a fresh process (it imports torch) taking two serial steps per batch
+size.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from partrain.models import build_model, model_blocks
 from partrain.profile.hardware import _write_json, fingerprint, profile_dir
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
-MIN_REPEATS, MAX_REPEATS, TARGET_S = 3, 50, 0.5  # timed runs per measurement: at least 3, about 0.5 s
+MIN_REPEATS, MAX_REPEATS, TARGET_S = 3, 50, 0.25  # timed runs per measurement: at least 3, about 0.25 s
 
 
 @dataclass
@@ -76,7 +76,6 @@ class ModelProfile:
     train_samples: int  # samples in the train split as loaded (an epoch's worth)
     blocks: list[BlockProfile]
     loss_s: list[float]  # cross-entropy forward + backward
-    step_s: list[float]  # a whole serial training step: data, forward, backward, SGD-momentum step
     data_s: list[float]  # loading one batch from the in-memory dataset
     optimizer_s: dict[str, float]  # one step over all parameters, per optimizer
     baseline_rss_bytes: int  # resident set of a fresh worker-like process: torch, data, model
@@ -217,22 +216,14 @@ def _profile_blocks(blocks: list[nn.Module], x: torch.Tensor) -> list[dict]:
     return rows
 
 
-def _time_whole(model: nn.Module, train_set, batch: int, opt: torch.optim.Optimizer) -> dict[str, float]:
-    """Loss, data loading and a whole serial step (as ``train.py`` takes it) at ``batch``."""
+def _time_loss_and_data(model: nn.Module, train_set, batch: int) -> dict[str, float]:
+    """The loss's forward + backward on the model's logits, and loading a batch of random rows."""
     n = len(train_set)
-    idx = lambda: torch.randint(0, n, (batch,))  # noqa: E731
-    x, y = train_set.get(idx())
+    x, y = train_set.get(torch.randint(0, n, (batch,)))
     logits = model(x).detach().requires_grad_()
-
-    def step():
-        xb, yb = train_set.get(idx())
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(xb), yb).backward()
-        opt.step()
-
     loss = _median_times(_timed(lambda: F.cross_entropy(logits, y).backward()))[0]
-    return {"loss_s": loss, "step_s": _median_times(_timed(step))[0],
-            "data_s": _median_times(_timed(lambda: train_set.get(idx())))[0]}
+    data = _median_times(_timed(lambda: train_set.get(torch.randint(0, n, (batch,)))))[0]
+    return {"loss_s": loss, "data_s": data}
 
 
 def _cpu_seconds() -> tuple[float, float]:
@@ -267,7 +258,7 @@ def baseline_probe() -> None:
     """Entry point of the memory probe: a fresh process set up as a training worker is.
 
     Prints its resident set after the set-up (and the peak of it), then the peak resident
-    set of a few serial training steps (SGD with momentum) at each batch size, ascending.
+    set of two serial training steps (SGD with momentum) at each batch size, ascending.
     """
     args = json.loads(sys.argv[1])
     import partrain.runner  # noqa: F401  (a worker imports the training machinery)
@@ -282,7 +273,7 @@ def baseline_probe() -> None:
     opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
     for b in sorted(args["batch_sizes"]):
         x, y = train_set.get(torch.arange(b) % len(train_set))
-        for _ in range(3):
+        for _ in range(2):  # the first step allocates the momentum, the second runs with it
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(net(x), y).backward()
             opt.step()
@@ -321,8 +312,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         per_batch = []
         for b in batch_sizes:
             x = train_set.get(torch.arange(b) % len(train_set))[0]
-            opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
-            per_batch.append((_profile_blocks(blocks, x), _time_whole(net, train_set, b, opt)))
+            per_batch.append((_profile_blocks(blocks, x), _time_loss_and_data(net, train_set, b)))
         block_profiles = [
             _block_profile(_name_of(net, blk), blk, [rows[i] for rows, _ in per_batch]) for i, blk in enumerate(blocks)
         ]
@@ -338,7 +328,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         model=model, dataset=dataset, synthetic=synthetic, batch_sizes=batch_sizes, threads=threads,
         fingerprint=fingerprint(), input_shape=list(spec.input_shape),
         input_bytes=4 * int(torch.tensor(spec.input_shape).prod()), train_samples=len(train_set),
-        blocks=block_profiles, loss_s=whole["loss_s"], step_s=whole["step_s"], data_s=whole["data_s"],
+        blocks=block_profiles, loss_s=whole["loss_s"], data_s=whole["data_s"],
         optimizer_s=optimizer_s, baseline_rss_bytes=memory["rss"], baseline_peak_rss_bytes=memory["peak"],
         train_peak_rss_bytes=memory["train_peaks"], profile_seconds=time.perf_counter() - started,
         other_load=others, options=options,
@@ -409,7 +399,9 @@ def profile_table(profile: ModelProfile):
                       join(blk.out_bytes, 1 / 1024, ".0f"), join(blk.saved_bytes, 1 / 1024, ".0f"),
                       join(blk.flops, 1e-6, ".1f"))
     opt = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in profile.optimizer_s.items())
-    table.caption = (f"serial step {join(profile.step_s, 1e3, '.2f')} ms, data {join(profile.data_s, 1e3, '.3f')} ms, "
+    blocks = [sum(blk.fwd_s[i] + blk.bwd_s[i] for blk in profile.blocks) for i in range(len(profile.batch_sizes))]
+    table.caption = (f"blocks {join(blocks, 1e3, '.2f')} ms, loss {join(profile.loss_s, 1e3, '.3f')} ms, "
+                     f"data {join(profile.data_s, 1e3, '.3f')} ms, "
                      f"optimizer ms: {opt}; baseline RSS {profile.baseline_rss_bytes / 2**20:.0f} MiB "
                      f"(peak {profile.baseline_peak_rss_bytes / 2**20:.0f}); profiled in {profile.profile_seconds:.1f} s, "
                      f"other processes used {profile.other_load:.0%} of the CPU meanwhile")

@@ -9,6 +9,8 @@ replicas after each step equals the serial step on the global batch.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -25,7 +27,11 @@ class LocalSGDStepper(Stepper):
         super().__init__(module, optimizer, rows, events)
         self.group = group
         self.per_epoch = every == "epoch"
-        self.averager = None if self.per_epoch else PeriodicModelAverager(period=every, warmup_steps=0, process_group=group)
+        self.averager = None
+        if not self.per_epoch:
+            with warnings.catch_warnings():  # "with period 1 use DDP": K=1 is the check against serial
+                warnings.filterwarnings("ignore", message="When period is 1", category=UserWarning)
+                self.averager = PeriodicModelAverager(period=every, warmup_steps=0, process_group=group)
 
     def after_step(self) -> None:
         if self.averager is not None:
