@@ -325,11 +325,14 @@ class GroupOutcome:
 
 def recommendation_outcomes(cases, max_workers=(2, 4)) -> list[GroupOutcome]:
     """For each (model, dataset, batch, threads) and each W with cells on W workers, the
-    candidates are every measured plan on at most W workers (fewer workers can win): the
-    recommender's pick is the predicted fastest, held against the measured fastest."""
+    candidates are the measured plans the recommender would enumerate on at most W workers
+    (fewer workers can win; one worker means serial): its pick is the predicted fastest,
+    held against the measured fastest."""
     by_job: dict[tuple, list] = {}
     for case in cases:
         model, dataset, batch, workers, threads = case.group
+        if workers == 1 and case.strategy != "serial":
+            continue  # on one worker the recommender proposes serial only (candidate_plans)
         by_job.setdefault((model, dataset, batch, threads), []).append((workers, case))
     outcomes = []
     for (model, dataset, batch, threads), entries in sorted(by_job.items(), key=str):
