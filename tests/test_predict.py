@@ -15,7 +15,7 @@ from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _Com
 
 from partrain.cli import build_parser, config_from_args, main
 from partrain.config import RunConfig
-from partrain.models import build_model, model_blocks
+from partrain.models import build_model
 from partrain.predict import Plan, check_plan, enumerate_plans, predict_plan
 from partrain.predict.comm import collective_time, transfer_time
 from partrain.predict.compute import interpolate

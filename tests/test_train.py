@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from partrain.config import RunConfig
 from partrain.errors import PartrainError

@@ -15,6 +15,13 @@ from partrain.config import SCHEDULES, STRATEGIES, RunConfig
 from partrain.errors import PartrainError
 
 
+def _print_table(table) -> None:
+    """A rich table on stdout: the terminal's width, or 200 columns when piped (no wrapping in logs)."""
+    from rich.console import Console
+
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
 def _int_list(text: str) -> list[int]:
     try:
         return [int(v) for v in text.split(",") if v.strip()]
@@ -171,7 +178,7 @@ def _print_rows(rows: list[dict], title: str, output: str | None = None) -> None
     from partrain.bench.table import results_view
 
     if output is None:
-        Console(width=None if sys.stdout.isatty() else 200).print(results_view(rows, title))
+        _print_table(results_view(rows, title))
         return
     with open(output, "w") as out:
         Console(file=out, width=200).print(results_view(rows, title))
@@ -319,8 +326,6 @@ def add_profile_parser(sub) -> None:
 def cmd_profile(args: argparse.Namespace) -> int:
     import os
 
-    from rich.console import Console
-
     from partrain.profile.collectives import default_sizes
     from partrain.profile.hardware import hardware_path, hardware_table, profile_dir, profile_hardware
     from partrain.profile.model import busy_warning, load_or_profile, profile_table
@@ -332,7 +337,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         path = hw.save(hardware_path(profile_dir(args.profile_dir), hw.nodes * hw.workers_per_node))
         print(json.dumps(hw.to_dict()) if args.json else "", end="\n" if args.json else "")
         if not args.json:
-            Console(width=None if sys.stdout.isatty() else 200).print(hardware_table(hw))
+            _print_table(hardware_table(hw))
         print(f"hardware profile: {path}", file=sys.stderr)
         return 0
     options = {"activation": args.activation} if args.activation else {}
@@ -343,7 +348,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(profile.to_dict()))
     else:
-        Console(width=None if sys.stdout.isatty() else 200).print(profile_table(profile))
+        _print_table(profile_table(profile))
     print(f"model profile: {path}{' (cached)' if reused else ''}", file=sys.stderr)
     if warning := busy_warning(profile):
         print(warning, file=sys.stderr)
@@ -376,8 +381,6 @@ def add_predict_parser(sub) -> None:
 def cmd_predict(args: argparse.Namespace) -> int:
     import os
 
-    from rich.console import Console
-
     from partrain.predict.strategies import (
         candidate_plans, enumerate_plans, predict_plan, predictions_table, profile_batch_sizes,
     )
@@ -409,7 +412,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
                           "invalid": [{"plan": p.label(), "reason": why} for p, why in wanted if why and args.all]}))
         return 0
     title = f"{args.model} on {args.dataset}, {args.workers} worker(s), batch {args.batch_size}, {hw.description}"
-    Console(width=None if sys.stdout.isatty() else 200).print(predictions_table(predictions, title, limit))
+    _print_table(predictions_table(predictions, title, limit))
     for plan, why in wanted:
         if why and args.all:
             print(f"  cannot run {plan.label()}: {why}")
@@ -441,8 +444,6 @@ def add_validate_parser(sub) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from partrain.bench import Store
     from partrain.predict.strategies import profile_batch_sizes
     from partrain.predict.validate import plot_scatter, report_tables, validate
@@ -469,7 +470,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(json.dumps({**report.to_dict(), "plot": str(png)}))
         return 0
     for table in report_tables(report, args.worst):
-        Console(width=None if sys.stdout.isatty() else 200).print(table)
+        _print_table(table)
     for line in report.skipped:
         print(f"  skipped {line}")
     print(f"plot: {png}")
@@ -477,7 +478,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _report_recommendations(report, as_json: bool) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from partrain.recommend import recommendation_outcomes, summarize_outcomes
@@ -494,7 +494,7 @@ def _report_recommendations(report, as_json: bool) -> int:
         table.add_column(name)
     for o in outcomes:
         table.add_row(o.key, str(o.plans), o.picked, o.best, f"{o.regret:.1%}", f"{o.tau:.2f}")
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    _print_table(table)
     print(f"{summary['groups']} jobs: top-1 hit rate {summary['hit_rate']:.0%}, regret mean {summary['mean_regret']:.1%} "
           f"(worst {summary['worst_regret']:.1%}), Kendall tau {summary['kendall_tau']:.2f}; profiling cost "
           f"{summary['profile_cost']:.1%} of the benchmark time of the cells it predicts")
@@ -569,7 +569,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         return 0
     if profiled:
         print(f"profiled {', '.join(profiled)} in {rec.profile_seconds:.1f} s (cached for next time)", file=sys.stderr)
-    Console(width=None if sys.stdout.isatty() else 200).print(recommendation_table(rec, args.top))
+    _print_table(recommendation_table(rec, args.top))
     print(f"\n{rec.explanation()}\n")
     dropped = rec.rejected if args.all else rec.rejected[:3]
     if rec.rejected:
