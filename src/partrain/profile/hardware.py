@@ -108,7 +108,7 @@ class HardwareProfile:
         )
 
     def save(self, path: str | os.PathLike) -> Path:
-        return _write_json(Path(path), self.to_dict())
+        return write_json(Path(path), self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> HardwareProfile:
@@ -118,7 +118,7 @@ class HardwareProfile:
             raise PartrainError(f"hardware profile {path} is unreadable ({err}): delete it or profile again") from None
 
 
-def _write_json(path: Path, data: dict) -> Path:
+def write_json(path: Path, data: dict) -> Path:
     """Write atomically: a reader never sees half a profile."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

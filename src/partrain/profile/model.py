@@ -38,7 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from partrain.data import load_dataset
 from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
-from partrain.profile.hardware import _write_json, fingerprint, profile_dir
+from partrain.profile.hardware import fingerprint, profile_dir, write_json
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
 MIN_REPEATS, MAX_REPEATS, TARGET_S = 3, 50, 0.25  # timed runs per measurement: at least 3, about 0.25 s
@@ -98,7 +98,7 @@ class ModelProfile:
         return cls(**{**d, "blocks": blocks})
 
     def save(self, path: str | os.PathLike) -> Path:
-        return _write_json(Path(path), self.to_dict())
+        return write_json(Path(path), self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ModelProfile:
