@@ -22,6 +22,7 @@ from partrain.distributed.launch import LaunchInfo, detect_launcher
 from partrain.distributed.spawn import spawn
 from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
+from partrain.strategies.partition import pipeline_refusal
 from partrain.train import RunResult, train_worker
 
 
@@ -31,20 +32,10 @@ def preflight(cfg: RunConfig) -> None:
     # reading the test split proves the files exist and parse (the train split is read by the workers)
     load_dataset(cfg.dataset, "test", data_dir=cfg.data_dir, synthetic=cfg.synthetic, limit=1)
     model = build_model(cfg.model, spec.input_shape, spec.num_classes, **cfg.model_options)
-    n_blocks = len(model_blocks(model))
-    n_stages = cfg.dims.pp * cfg.stages_per_worker
-    if n_stages > n_blocks:
-        raise PartrainError(
-            f"{n_stages} pipeline stages but {cfg.model} has only {n_blocks} blocks: use at most {n_blocks} stages"
-        )
-    if cfg.split_points and len(cfg.split_points) != n_stages - 1:
-        raise PartrainError(f"--split-points needs {n_stages - 1} block indices for {n_stages} stages, got {len(cfg.split_points)}")
+    if reason := pipeline_refusal(cfg, len(model_blocks(model))):
+        raise PartrainError(reason)
     if cfg.strategy == "hogwild" and cfg.backend == "nccl":
         raise PartrainError("hogwild shares weights in host memory: run it with --backend gloo")
-    if cfg.pipeline_schedule == "interleaved-1f1b" and cfg.num_microbatches % cfg.dims.pp:
-        raise PartrainError(
-            f"interleaved-1f1b needs micro-batches in multiples of the {cfg.dims.pp} pipeline workers, got {cfg.num_microbatches}"
-        )
 
 
 @record

@@ -26,7 +26,7 @@ from partrain.predict.memory import MemoryBreakdown, activation_bytes, block_inp
 from partrain.predict.pipeline_sim import PipelineCosts, StepWork, schedule_order, simulate
 from partrain.profile.hardware import HardwareProfile
 from partrain.profile.model import ModelProfile
-from partrain.strategies.partition import balanced_bounds, bounds_from_split_points
+from partrain.strategies.partition import balanced_bounds, bounds_from_split_points, pipeline_refusal
 
 MB = 2**20  # DDP's bucket_cap_mb is in MiB (torch.nn.parallel.distributed._MB_TO_BYTES)
 
@@ -454,11 +454,8 @@ def check_plan(profile: ModelProfile, plan: Plan) -> str | None:
         cfg = plan.to_config(profile.model, profile.dataset)
     except PartrainError as err:
         return str(err)
-    stages = cfg.dims.pp * cfg.stages_per_worker
-    if stages > len(profile.blocks):
-        return f"{stages} pipeline stages but {profile.model} has only {len(profile.blocks)} blocks"
-    if cfg.pipeline_schedule == "interleaved-1f1b" and cfg.num_microbatches % cfg.dims.pp:
-        return f"interleaved-1f1b needs micro-batches in multiples of the {cfg.dims.pp} pipeline workers"
+    if reason := pipeline_refusal(cfg, len(profile.blocks)):
+        return reason
     if plan.batch_size > profile.train_samples:
         return f"batch {plan.batch_size} exceeds the {profile.train_samples} training samples"
     return None

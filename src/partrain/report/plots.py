@@ -103,19 +103,14 @@ def plot_lr(rows: list[dict], path: str | Path) -> Path:
 
 def plot_strong(rows: list[dict], path: str | Path) -> Path:
     """Speedup over serial and parallel efficiency against workers, at a fixed global batch."""
-    fig = Figure(figsize=(11, 4.5), layout="constrained")
-    speed_ax, eff_ax = fig.subplots(1, 2)
+    fig, (speed_ax, eff_ax) = _two_panels()
     speedup = series(rows, "workers", lambda r: r["speedup"], by_workers=False)
     _draw(speed_ax, speedup)
     _draw(eff_ax, series(rows, "workers", lambda r: r["efficiency"], by_workers=False))
     workers = sorted({p[0] for pts in speedup.values() for p in pts} | {1})
     speed_ax.plot(workers, workers, "k--", label="ideal")
     eff_ax.axhline(1.0, color="k", linestyle="--", label="ideal")
-    speed_ax.set_ylabel("speedup over serial")
-    eff_ax.set_ylabel("efficiency (speedup / workers)")
-    for ax in (speed_ax, eff_ax):
-        ax.set_xlabel("workers")
-        ax.set_xticks(workers)
+    _workers_axes((speed_ax, eff_ax), workers, "speedup over serial", "efficiency (speedup / workers)")
     return _finish(fig, f"Strong scaling: {_subject(rows)}, global batch {_batches(rows)}", rows, path)
 
 
@@ -129,8 +124,7 @@ def plot_weak(rows: list[dict], path: str | Path) -> Path:
     serial = [r["step_seconds_median"] for r in ok if r["strategy"] == "serial"]
     serial_step = statistics.median(serial) if serial else None
     serial_rate = statistics.median(r["samples_per_s"] for r in ok if r["strategy"] == "serial") if serial else None
-    fig = Figure(figsize=(11, 4.5), layout="constrained")
-    rate_ax, eff_ax = fig.subplots(1, 2)
+    fig, (rate_ax, eff_ax) = _two_panels()
     rates = series(rows, "workers", lambda r: r["samples_per_s"], by_workers=False)
     _draw(rate_ax, rates)
     _draw(eff_ax, series(rows, "workers", lambda r: serial_step / r["step_seconds_median"] if serial_step else None, by_workers=False))
@@ -138,13 +132,22 @@ def plot_weak(rows: list[dict], path: str | Path) -> Path:
     if serial_rate:
         rate_ax.plot(workers, [w * serial_rate for w in workers], "k--", label="ideal")
         eff_ax.axhline(1.0, color="k", linestyle="--", label="ideal")
-    rate_ax.set_ylabel("samples per second")
-    eff_ax.set_ylabel("weak-scaling efficiency (serial step time / step time)")
-    for ax in (rate_ax, eff_ax):
-        ax.set_xlabel("workers")
-        ax.set_xticks(workers)
+    _workers_axes((rate_ax, eff_ax), workers, "samples per second", "weak-scaling efficiency (serial step time / step time)")
     per_worker = min((r["batch_size"] for r in ok if r["strategy"] == "serial"), default="?")
     return _finish(fig, f"Weak scaling: {_subject(rows)}, batch {per_worker} per worker", rows, path)
+
+
+def _two_panels():
+    """A figure with two side-by-side axes: a quantity and its efficiency, against workers."""
+    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    return fig, fig.subplots(1, 2)
+
+
+def _workers_axes(axes, workers: list[int], *ylabels: str) -> None:
+    for ax, ylabel in zip(axes, ylabels):
+        ax.set_xlabel("workers")
+        ax.set_xticks(workers)
+        ax.set_ylabel(ylabel)
 
 
 def _batches(rows: list[dict]) -> str:

@@ -61,6 +61,23 @@ def balanced_bounds(costs: list[float], n_stages: int) -> list[tuple[int, int]]:
     return bounds[::-1]
 
 
+def pipeline_refusal(cfg, n_blocks: int) -> str | None:
+    """Why ``cfg``'s pipeline cannot be cut from a model of ``n_blocks`` blocks (None when it can).
+
+    One line with the fix; the launcher raises it before spawning, the predictor reports
+    it for a plan it drops.
+    """
+    n_stages = cfg.dims.pp * cfg.stages_per_worker
+    if n_stages > n_blocks:
+        return f"{n_stages} pipeline stages but {cfg.model} has only {n_blocks} blocks: use at most {n_blocks} stages"
+    if cfg.split_points and len(cfg.split_points) != n_stages - 1:
+        return f"--split-points needs {n_stages - 1} block indices for {n_stages} stages, got {len(cfg.split_points)}"
+    if cfg.pipeline_schedule == "interleaved-1f1b" and cfg.num_microbatches % cfg.dims.pp:
+        return (f"interleaved-1f1b needs micro-batches in multiples of the {cfg.dims.pp} pipeline workers, "
+                f"got {cfg.num_microbatches}")
+    return None
+
+
 def bounds_from_split_points(points: list[int], n_blocks: int, n_stages: int) -> list[tuple[int, int]]:
     if len(points) != n_stages - 1:
         raise PartrainError(
