@@ -54,6 +54,8 @@ def test_the_matrix_multiplies_microbatches_into_pipelines_only():
     assert len(cells) == (2 + 2 + 2 * 2) * 2 * 2  # (serial, ddp) x workers + gpipe x workers x microbatches
     assert {c.microbatches for c in cells if c.strategy != "gpipe"} == {None}
     assert len({c.key("hw") for c in cells}) == len(cells)
+    assert [c.repeat for c in cells] == [0] * (len(cells) // 2) + [1] * (len(cells) // 2)  # whole passes
+    assert [c.identity() for c in cells[: len(cells) // 2]] == [c.identity() for c in cells[len(cells) // 2:]]
     assert suite_from_dict({"models": "mlp", "datasets": "imagenet"}, "test").cells()[0].synthetic
 
 

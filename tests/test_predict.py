@@ -3,6 +3,7 @@ predictions on a user factory and a cluster file, and validation against stored 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -21,10 +22,10 @@ from partrain.predict.comm import collective_time, transfer_time
 from partrain.predict.compute import interpolate
 from partrain.predict.memory import optimizer_state_bytes, stage_state
 from partrain.predict.pipeline_sim import PipelineCosts, StepWork, schedule_order, simulate
-from partrain.predict.strategies import ddp_buckets, overlapped_allreduce, profile_batch_sizes
-from partrain.predict.validate import Report, plot_scatter, spearman, validate
+from partrain.predict.strategies import ddp_buckets, overlapped_allreduce, profile_batch_sizes, stage_bounds
+from partrain.predict.validate import Report, plot_scatter, row_config, spearman, validate
 from partrain.profile.collectives import CostFit, fit_cost
-from partrain.profile.hardware import load_cluster
+from partrain.profile.hardware import fit_compute_sharing, load_cluster
 from partrain.profile.model import profile_model
 
 EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster.toml"
@@ -190,6 +191,30 @@ def test_overlapped_allreduce_hides_what_backward_covers():
     assert overlapped_allreduce([1.0, 1.5], [2.0, 2.0], backward_s=3.0) == pytest.approx(2.0)
 
 
+def test_compute_sharing_fit_from_the_probe():
+    hot = CostFit.line(0.5e-3, 1e9)
+    probes = {"2": {"alone_s": 0.004, "together_s": 0.005, "synced_s": 0.0085},
+              "3": {"alone_s": 0.004, "together_s": 0.0038, "synced_s": 0.004}}
+    sharing, sync = fit_compute_sharing(probes, {2: {"allreduce": hot}, 3: {"allreduce": hot}})
+    assert sharing == pytest.approx({2: 1.25, 3: 1.0})  # side by side never counts as faster than alone
+    assert sync[2] == pytest.approx(0.0085 - 0.005 - hot.time(4))
+    assert sync[3] == 0.0  # faster than a hot allreduce: no cost beyond it
+
+
+def test_measured_sharing_and_sync_enter_data_parallel_steps(mlp_profile, cluster):
+    plan = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)
+    base = predict_plan(mlp_profile, cluster, plan)
+    measured = dataclasses.replace(cluster, compute_sharing={2: 1.5}, sync_s={2: 0.002})
+    pred = predict_plan(mlp_profile, measured, plan)
+    assert pred.compute_s == pytest.approx(base.compute_s * 1.5)
+    assert pred.comm_s == pytest.approx(base.comm_s + 0.002, rel=1e-6)  # one synchronisation per step
+    serial = Plan("serial", workers=1, batch_size=32, threads=1)
+    assert predict_plan(mlp_profile, measured, serial).seconds_per_step == predict_plan(mlp_profile, cluster, serial).seconds_per_step
+    averaged = predict_plan(mlp_profile, measured, dataclasses.replace(plan, strategy="local-sgd", average_every=4))
+    unsynced = predict_plan(mlp_profile, dataclasses.replace(measured, sync_s={}), dataclasses.replace(plan, strategy="local-sgd", average_every=4))
+    assert averaged.comm_s - unsynced.comm_s == pytest.approx(0.002 / 4)  # amortized with the averaging
+
+
 def test_interpolation_is_piecewise_linear_and_extrapolates():
     assert interpolate([8, 32], [1.0, 4.0], 16) == pytest.approx(2.0)
     assert interpolate([8, 32], [1.0, 4.0], 64) == pytest.approx(8.0)
@@ -318,6 +343,35 @@ def test_validate_reports_errors_per_strategy(mlp_profile, cluster, tmp_path):
     assert report.profile_cost() == pytest.approx(2.0 / 30)
     assert plot_scatter(report, tmp_path / "scatter.png").stat().st_size > 0
     assert json.dumps(report.to_dict())
+
+
+def test_validate_counts_a_configuration_once_at_the_median_of_its_repeats(mlp_profile, cluster):
+    cfg = RunConfig(model="mlp", strategy="ddp", workers=2)
+    truth = predict_plan(mlp_profile, cluster, Plan.from_config(cfg)).median_step_s
+    rows = []
+    for repeat, factor in enumerate((0.9, 1.0, 1.3)):
+        row = _row(cfg, truth * factor, 100, cluster.fingerprint)
+        row["config"] = json.dumps({**json.loads(row["config"]), "cell": {"strategy": "ddp", "repeat": repeat}})
+        rows.append(row)
+    report = validate(rows, lambda cfg, sizes: (mlp_profile, 1.0), lambda workers: cluster, cluster.fingerprint)
+    (case,) = report.cases
+    assert case.measured_s == pytest.approx(truth) and case.error == pytest.approx(0.0, abs=1e-9)
+    assert case.repeats == pytest.approx((truth * 0.9, truth, truth * 1.3))
+    assert report.noise_floor() == pytest.approx((0.1 + 0.0 + 0.3) / 3)
+    assert math.isnan(Report([], 0.0, []).noise_floor())
+
+
+def test_validate_predicts_the_stage_cut_the_run_chose(mlp_profile, cluster):
+    cfg = RunConfig(model="mlp", strategy="gpipe", workers=2)
+    row = _row(cfg, 0.01, 1, cluster.fingerprint)
+    run = json.loads(row["config"])
+    auto = stage_bounds(mlp_profile, Plan.from_config(cfg))
+    chosen = 1 if auto[1][0] != 1 else 2  # a cut the profile's own balance would not make
+    run["run"]["resolved"]["split_points"] = [chosen]
+    row["config"] = json.dumps(run)
+    assert row_config(row).split_points == [chosen]
+    assert stage_bounds(mlp_profile, Plan.from_config(row_config(row)))[1][0] == chosen
+    assert row_config(_row(cfg, 0.01, 1, cluster.fingerprint)).split_points is None  # none recorded: the profile's cut
 
 
 def test_spearman():

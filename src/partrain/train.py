@@ -60,6 +60,7 @@ class RunResult:
     step_losses: list[float] = field(default_factory=list)  # global mean loss of every step
     step_seconds: list[float] = field(default_factory=list)  # rank 0's wall time of every step
     partition: str | None = None
+    split_points: list[int] | None = None  # pipelines: the first block of every stage but the first, as cut
     peak_memory_bytes: int = 0  # the largest over the workers
     peak_memory_per_worker: list[int] = field(default_factory=list)
     version: str = __version__
@@ -131,7 +132,7 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool) 
     part = getattr(stepper, "partition", None)
     result = RunResult(cfg.to_dict(), ctx.world_size, ctx.backend, threads, count_parameters(model))
     if part is not None:
-        result.partition = describe(part, blocks)
+        result.partition, result.split_points = describe(part, blocks), part.split_points
 
     # --- resume: position, weights, optimizer state and RNG, as they were
     meta = {**cfg.to_dict(), "pp": ctx.dims.pp, "dp": ctx.dims.dp}

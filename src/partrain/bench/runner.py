@@ -95,12 +95,13 @@ def measure(cell: Cell, data_dir: str | None, timeout: float, tick: Callable[[],
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     t0 = time.perf_counter()
     status, reason, result = run_process(train_command(cfg), timeout, tick)
-    # the defaults the run resolved (pipeline stages, replicas, micro-batches) are stored with it
+    # the defaults the run resolved (pipeline stages, replicas, micro-batches, stage cut) are stored with it
     resolved = {"pp": cfg.dims.pp, "dp": cfg.dims.dp, "microbatches": cfg.num_microbatches if cfg.pipeline_schedule else None}
     outcome = Outcome(status, reason, config={**cfg.to_dict(), "resolved": resolved}, started_at=started,
                       finished_at=_now(), wall_seconds=time.perf_counter() - t0, load_average=load)
     if result is not None:
         outcome.figures = figures(cell, result)
+        resolved["split_points"] = result.get("split_points")  # the cut the run chose, for validate
     return outcome
 
 

@@ -171,7 +171,9 @@ class Suite:
     data_dir: str | None = None
 
     def cells(self) -> list[Cell]:
-        """The matrix, in a stable order (the order the runner measures it)."""
+        """The matrix, in a stable order (the order the runner measures it): the whole matrix
+        once, then again for each further repeat, so that a cell's repeats run minutes apart
+        (different moments of a shared machine) and an interrupted suite has whole passes."""
         cells = []
         axes = itertools.product(self.models, self.datasets, self.batch_sizes, self.lrs, self.strategies, self.workers)
         for model, dataset, batch, lr, strategy, workers in axes:
@@ -183,7 +185,7 @@ class Suite:
                         self.synthetic or dataset_spec(dataset).synthetic_only, self.warmup_steps, self.steps,
                         self.epochs, self.limit, self.eval_limit, self.threads, self.seed,
                     ))
-        return cells
+        return sorted(cells, key=lambda c: c.repeat)  # stable: the matrix order within a pass
 
     def replace(self, **changes) -> Suite:
         """A copy with some settings changed and validated again (tests shrink suites this way)."""

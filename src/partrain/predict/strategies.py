@@ -182,15 +182,22 @@ class _Env:
     nodes_used: int
     cores: int  # per node
     speed: float  # compute_speed of the hardware relative to the profiling machine
+    sharing: dict[int, float]  # measured slowdown of k single-threaded workers computing side by side
+    sync_s: float  # one synchronisation after computing, beyond the collective (measured; 0 if not)
 
     def slowdown(self, busy_workers_per_node: float) -> float:
-        return compute.contention(busy_workers_per_node * self.threads, self.cores) / self.speed
+        """Compute time of a worker while ``busy_workers_per_node`` compute on its node, over
+        its time alone: measured by the hardware profile for single-threaded workers (cores,
+        SMT siblings and memory bandwidth shared), else processor sharing of the cores."""
+        measured = self.sharing.get(round(busy_workers_per_node)) if self.threads == 1 else None
+        return (measured or compute.contention(busy_workers_per_node * self.threads, self.cores)) / self.speed
 
 
 def _env(hw: HardwareProfile, plan: Plan) -> _Env:
     local = plan.workers if hw.nodes <= 1 else min(plan.workers, hw.workers_per_node)
     threads = plan.threads or max(1, hw.cores_per_node // local)  # the training default (launch.set_threads)
-    return _Env(threads, local, math.ceil(plan.workers / local), hw.cores_per_node, hw.compute_speed)
+    return _Env(threads, local, math.ceil(plan.workers / local), hw.cores_per_node, hw.compute_speed,
+                hw.compute_sharing, hw.sync_s.get(local, 0.0) if plan.workers > 1 else 0.0)
 
 
 def _baseline(profile: ModelProfile, hw: HardwareProfile, workers: int) -> dict:
@@ -253,19 +260,22 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
     act = activation_bytes(profile, 0, len(params), b) + block_input_bytes(profile, 0, b)
     buffers, occasional = 0, 0.0
     if plan.strategy == "ddp":
-        comm = _ddp_comm(profile, hw, plan, ranks, bwd, slow)
+        comm = _ddp_comm(profile, hw, plan, ranks, bwd, slow) + env.sync_s
         buffers = total_params  # flat gradient buckets beside the gradients (gradient_as_bucket_view=False)
     elif plan.strategy == "local-sgd":
         # average_parameters flattens every parameter into one buffer and allreduces it
-        # (torch.distributed.algorithms.model_averaging.utils), every K steps or once an epoch
+        # (torch.distributed.algorithms.model_averaging.utils), every K steps or once an epoch;
+        # the flattening and unflattening around it is measured by the model profile
         every = _steps_per_epoch(profile, plan) if plan.average_every == "epoch" else int(plan.average_every)
-        comm = collective_time(hw, "allreduce", total_params, ranks) / every
+        local = profile.average_s * slow  # done on a world of one too
+        comm = (collective_time(hw, "allreduce", total_params, ranks) + env.sync_s + local) / every
         buffers = total_params
         if every > 2:
             occasional = comm
             notes.append(f"averaging amortized over {every} steps; the median step has none")
     elif plan.strategy == "fsdp":
         comm, buffers = _fsdp_comm(profile, hw, ranks, fwd, bwd, slow)
+        comm += env.sync_s
         grads, opt_state = stage_state(profile, 0, len(params), plan.optimizer, plan.momentum, shards=dp)
     else:  # hogwild: no communication; workers update shared weights in place
         comm = 0.0
@@ -346,6 +356,7 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
         grad_bytes = sum(profile.blocks[i].param_bytes for i in blocks)
         dp_ranks = [rank(stages[0]) + d for d in range(plan.dp)]
         reduce = collective_time(hw, "allreduce", grad_bytes, dp_ranks)  # hybrid: replicas' gradients
+        reduce += env.sync_s if plan.dp > 1 else 0.0
         opt = compute.optimizer_time(profile, kind, blocks) / env.speed
         runtime = StepWork("runtime", hw.pipeline_step_s)  # the schedule's per-step bookkeeping
         after.append((runtime, StepWork("allreduce", reduce, cpu=False), StepWork("optimizer", opt)))

@@ -5,7 +5,9 @@ cached one for its model, dataset, threads and batch sizes, measured now if miss
 the hardware profile of this machine, with the configuration the cell ran. Reported:
 
 - the mean absolute percentage error (MAPE) of the median steady-state step time, per
-  strategy and overall, and of the peak memory per worker;
+  strategy and overall, and of the peak memory per worker; a configuration measured more
+  than once (a suite's ``repeats``) counts once, at the median of its repeats, and how far
+  its repeats lie from that median is the noise floor: what a perfect predictor would score;
 - how often the predicted fastest strategy of a group of cells (same model, dataset, batch,
   workers and threads) was the measured fastest, the regret of the pick (how much slower it
   ran than the measured best), and the Spearman rank correlation within groups;
@@ -42,7 +44,16 @@ class Case:
     predicted_s: float
     measured_bytes: int
     predicted_bytes: int
-    wall_s: float
+    wall_s: float  # benchmarking the configuration once
+    repeats: tuple[float, ...] = ()  # each repeat's median step time; measured_s is their median
+
+    @property
+    def repeat_spread(self) -> float | None:
+        """Mean relative distance of the repeats from their median: the error a perfect
+        predictor would show against a single run (None with one repeat)."""
+        if len(self.repeats) < 2:
+            return None
+        return statistics.fmean(abs(r - self.measured_s) / self.measured_s for r in self.repeats)
 
     @property
     def error(self) -> float:
@@ -64,15 +75,20 @@ class Report:
         errors = [abs(c.error) for c in self.cases if strategy in (None, c.strategy)]
         return statistics.fmean(errors) if errors else float("nan")
 
+    def noise_floor(self, strategy: str | None = None) -> float:
+        """Mean ``repeat_spread`` over the cases measured more than once (nan if none)."""
+        spreads = [c.repeat_spread for c in self.cases if strategy in (None, c.strategy) and c.repeat_spread is not None]
+        return statistics.fmean(spreads) if spreads else float("nan")
+
     def memory_mape(self) -> float:
         return statistics.fmean(abs(c.memory_error) for c in self.cases) if self.cases else float("nan")
 
-    def per_strategy(self) -> dict[str, tuple[int, float, float]]:
-        """strategy -> (cases, MAPE, worst absolute error)."""
+    def per_strategy(self) -> dict[str, tuple[int, float, float, float]]:
+        """strategy -> (cases, MAPE, worst absolute error, repeat noise floor)."""
         out = {}
         for s in sorted({c.strategy for c in self.cases}):
             errs = [abs(c.error) for c in self.cases if c.strategy == s]
-            out[s] = (len(errs), statistics.fmean(errs), max(errs))
+            out[s] = (len(errs), statistics.fmean(errs), max(errs), self.noise_floor(s))
         return out
 
     def worst(self, n: int = 10) -> list[Case]:
@@ -106,7 +122,9 @@ class Report:
         return {
             "cases": [{**dataclasses.asdict(c), "error": c.error, "memory_error": c.memory_error} for c in self.cases],
             "mape": self.mape(), "memory_mape": self.memory_mape(),
-            "per_strategy": {s: {"cases": n, "mape": m, "worst": w} for s, (n, m, w) in self.per_strategy().items()},
+            "per_strategy": {s: {"cases": n, "mape": m, "worst": w, "noise_floor": f}
+                             for s, (n, m, w, f) in self.per_strategy().items()},
+            "noise_floor": self.noise_floor(),
             "ranking": self.ranking(), "profile_cost": self.profile_cost(), "skipped": self.skipped,
         }
 
@@ -135,9 +153,14 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 
 def row_config(row: dict) -> RunConfig:
-    """The ``RunConfig`` a stored cell ran."""
+    """The ``RunConfig`` a stored cell ran, with the pipeline stage cut it chose if recorded
+    (the run times its blocks to cut; the profile's timings might cut elsewhere)."""
     run = json.loads(row["config"])["run"] if isinstance(row["config"], str) else row["config"]["run"]
-    return RunConfig(**{k: v for k, v in run.items() if k in _CONFIG_FIELDS})
+    fields = {k: v for k, v in run.items() if k in _CONFIG_FIELDS}
+    chosen = (run.get("resolved") or {}).get("split_points")
+    if chosen and not fields.get("split_points"):
+        fields["split_points"] = chosen
+    return RunConfig(**fields)
 
 
 def measured_rows(rows: list[dict], hardware_hash: str) -> list[dict]:
@@ -145,14 +168,32 @@ def measured_rows(rows: list[dict], hardware_hash: str) -> list[dict]:
     return [r for r in rows if r["status"] == "ok" and r["hardware_hash"] == hardware_hash and r["step_seconds_median"]]
 
 
-def _case(row: dict, cfg: RunConfig, pred: Prediction) -> Case:
+def repeat_groups(rows: list[dict]) -> list[list[dict]]:
+    """Rows grouped by what was measured, repeats together, in store order."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        config = json.loads(row["config"]) if isinstance(row["config"], str) else row["config"]
+        run = {k: v for k, v in config["run"].items() if k != "resolved"}
+        cell = {k: v for k, v in config.get("cell", {}).items() if k != "repeat"}
+        groups.setdefault(json.dumps([run, cell, row["hardware_hash"]], sort_keys=True), []).append(row)
+    return list(groups.values())
+
+
+def _peak(row: dict) -> int:
     per_worker = row["peak_memory_per_worker"]
     measured = json.loads(per_worker) if isinstance(per_worker, str) else per_worker
+    return max(measured) if measured else row["peak_memory_bytes"]
+
+
+def _case(rows: list[dict], cfg: RunConfig, pred: Prediction) -> Case:
+    """One configuration's repeats against its prediction: the median over the repeats of
+    their median steady-state step (and of their peak memory)."""
     label = f"{cfg.model}/{cfg.dataset} {pred.plan.label()} x{cfg.workers} b{cfg.batch_size}"
-    group = (cfg.model, cfg.dataset, cfg.batch_size, cfg.workers, row["threads"])
-    return Case(label, group, cfg.strategy, row["step_seconds_median"], pred.median_step_s,
-                max(measured) if measured else row["peak_memory_bytes"], pred.memory_bytes_per_worker,
-                row["wall_seconds"] or 0.0)
+    group = (cfg.model, cfg.dataset, cfg.batch_size, cfg.workers, rows[0]["threads"])
+    seconds = tuple(r["step_seconds_median"] for r in rows)
+    return Case(label, group, cfg.strategy, statistics.median(seconds), pred.median_step_s,
+                int(statistics.median(_peak(r) for r in rows)), pred.memory_bytes_per_worker,
+                statistics.fmean(r["wall_seconds"] or 0.0 for r in rows), seconds)
 
 
 def validate(rows: list[dict], profile_for, hardware_for, fingerprint: str) -> Report:
@@ -165,12 +206,12 @@ def validate(rows: list[dict], profile_for, hardware_for, fingerprint: str) -> R
     cases, skipped, spent = [], [], 0.0
     profiles: dict[tuple, ModelProfile] = {}
     hardware: dict[int, HardwareProfile] = {}
-    configs = [(r, row_config(r)) for r in measured_rows(rows, fingerprint)]
+    configs = [(group, row_config(group[0])) for group in repeat_groups(measured_rows(rows, fingerprint))]
     wanted: dict[tuple, set[float]] = defaultdict(set)
-    for row, cfg in configs:
-        wanted[_profile_key(row, cfg)].update(Plan.from_config(cfg).batch_sizes())
-    for row, cfg in configs:
-        key = _profile_key(row, cfg)
+    for group, cfg in configs:
+        wanted[_profile_key(group[0], cfg)].update(Plan.from_config(cfg).batch_sizes())
+    for group, cfg in configs:
+        key = _profile_key(group[0], cfg)
         if key not in profiles:
             profiles[key], seconds = profile_for(cfg, sorted(wanted[key]))
             spent += seconds
@@ -180,7 +221,7 @@ def validate(rows: list[dict], profile_for, hardware_for, fingerprint: str) -> R
         if cfg.workers not in hardware:
             hardware[cfg.workers] = hardware_for(cfg.workers)
         pred = predict_plan(profiles[key], hardware[cfg.workers], Plan.from_config(cfg))
-        cases.append(_case(row, cfg, pred))
+        cases.append(_case(group, cfg, pred))
     return Report(cases, spent, skipped)
 
 
@@ -222,10 +263,13 @@ def report_tables(report: Report, worst: int = 10):
 
     summary = Table(title=f"time per step: MAPE {report.mape():.1%} over {len(report.cases)} cells; "
                           f"memory MAPE {report.memory_mape():.1%}")
-    for name in ("strategy", "cells", "MAPE", "worst"):
+    for name in ("strategy", "cells", "MAPE", "worst", "repeat noise"):
         summary.add_column(name, justify="left" if name == "strategy" else "right")
-    for strategy, (n, mape, top) in report.per_strategy().items():
-        summary.add_row(strategy, str(n), f"{mape:.1%}", f"{top:.1%}")
+    floor = lambda f: "-" if math.isnan(f) else f"{f:.1%}"  # noqa: E731
+    for strategy, (n, mape, top, noise) in report.per_strategy().items():
+        summary.add_row(strategy, str(n), f"{mape:.1%}", f"{top:.1%}", floor(noise))
+    summary.add_row("all", str(len(report.cases)), f"{report.mape():.1%}", f"{max(abs(c.error) for c in report.cases):.1%}",
+                    floor(report.noise_floor()))
     rank = report.ranking()
     summary.caption = (f"fastest strategy picked right in {rank['hit_rate']:.0%} of {rank['groups']} groups, "
                        f"regret {rank['regret']:.1%}, Spearman {rank['spearman']:.2f}; "

@@ -391,3 +391,54 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
     stage_s = [None, None]
     dist.all_gather_object(stage_s, (fwd, bwd), group=group)
     return {"steps": steps, "stage_s": stage_s, "message_bytes": 2 * width * 4}
+
+
+def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int = 21) -> dict:
+    """How the node runs its workers' compute side by side, and what a synchronisation after
+    computing costs. Every rank of ``group`` calls this; its rank 0's timings are returned.
+
+    One fixed piece of single-threaded compute (matrix products, calibrated by rank 0 alone
+    to about ``target_s``) is timed three ways: on rank 0 alone while the others wait
+    (``alone_s``); on every rank at once (``together_s``: sharing cores, SMT siblings and
+    memory bandwidth, which a core count alone does not tell); and on every rank at once,
+    each followed by a 4-byte allreduce (``synced_s``). ``synced_s - together_s`` is what one
+    synchronisation point of a training step costs beyond the computation: the slowest
+    rank's lead, and waking ranks that went idle waiting, which on a virtual machine takes
+    far longer than a collective between busy ranks.
+    """
+    a = torch.randn(192, 192, device=device)
+    c = torch.empty_like(a)
+    rank = dist.get_rank(group)
+
+    def burn(n: int):
+        for _ in range(n):
+            torch.mm(a, a, out=c)
+
+    count = torch.tensor([0])
+    if rank == 0:
+        burn(20)
+        start, n = time.perf_counter(), 0
+        while time.perf_counter() - start < 0.05:
+            burn(10)
+            n += 10
+        count[0] = max(1, round(n * target_s / (time.perf_counter() - start)))
+    dist.broadcast(count, dist.get_global_rank(group, 0), group=group)
+    n = int(count.item())
+    token = torch.zeros(1, device=device)
+
+    def timed(step) -> float:
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            step()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples[1:])
+
+    dist.barrier(group)
+    alone = timed(lambda: burn(n)) if rank == 0 else 0.0
+    dist.barrier(group)
+    together = timed(lambda: burn(n))
+    dist.barrier(group)
+    synced = timed(lambda: (burn(n), dist.all_reduce(token, group=group)))
+    dist.barrier(group)
+    return {"alone_s": alone, "together_s": together, "synced_s": synced}

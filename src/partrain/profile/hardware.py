@@ -31,8 +31,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from partrain.bench.hardware import fingerprint as machine
 from partrain.errors import PartrainError
 from partrain.profile.collectives import (
-    CostFit, background_load, default_sizes, fit_cost, measure_collectives, measure_pipeline_action,
-    measure_pipeline_hops,
+    CostFit, background_load, default_sizes, fit_cost, measure_collectives, measure_compute_sharing,
+    measure_pipeline_action, measure_pipeline_hops,
 )
 
 PROFILE_DIR_ENV = "PARTRAIN_PROFILE_DIR"
@@ -69,6 +69,10 @@ class HardwareProfile:
     pipeline_action_s: float = 0.0  # what the pipelining runtime adds to each micro-batch forward or backward
     pipeline_step_s: float = 0.0  # what it adds once per step (splitting the batch, merging losses)
     pipeline_hop_s: float | None = None  # latency of one message between stages inside the runtime
+    # k busy workers on a node -> their compute time over one worker's alone (measured; else k / cores)
+    compute_sharing: dict[int, float] = field(default_factory=dict)
+    # k workers -> what one synchronisation after computing costs beyond a collective between busy ranks
+    sync_s: dict[int, float] = field(default_factory=dict)
     source: str = "measured"
     notes: list[str] = field(default_factory=list)
     points: dict = field(default_factory=dict)  # raw: tier -> group size -> name -> [[bytes, s]]; "pipeline": the probe
@@ -88,7 +92,9 @@ class HardwareProfile:
                 for tier, sizes in self.collectives.items()
             },
             "process_group_rss_bytes": self.process_group_rss_bytes, "pipeline_action_s": self.pipeline_action_s,
-            "pipeline_step_s": self.pipeline_step_s, "pipeline_hop_s": self.pipeline_hop_s, "source": self.source,
+            "pipeline_step_s": self.pipeline_step_s, "pipeline_hop_s": self.pipeline_hop_s,
+            "compute_sharing": {str(k): v for k, v in self.compute_sharing.items()},
+            "sync_s": {str(k): v for k, v in self.sync_s.items()}, "source": self.source,
             "notes": self.notes, "points": self.points,
         }
 
@@ -104,6 +110,8 @@ class HardwareProfile:
             },
             int(d.get("process_group_rss_bytes", 0)), float(d.get("pipeline_action_s", 0.0)),
             float(d.get("pipeline_step_s", 0.0)), d.get("pipeline_hop_s"),
+            {int(k): float(v) for k, v in d.get("compute_sharing", {}).items()},
+            {int(k): float(v) for k, v in d.get("sync_s", {}).items()},
             d.get("source", "measured"), list(d.get("notes", [])), d.get("points", {}),
         )
 
@@ -235,6 +243,12 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
         with background_load(info.rank not in (0, 1)):  # the job's other workers compute meanwhile
             out["pipeline_probe"] = measure_pipeline_hops(pair, device) if info.rank in (0, 1) else None
             dist.barrier()
+        out["compute_sharing"] = {}
+        for k in range(2, info.local_world_size + 1):  # the first k workers of node 0 busy, the rest idle
+            group = dist.new_group(list(range(k)))  # every rank creates every group
+            if info.rank < k:
+                out["compute_sharing"][k] = measure_compute_sharing(group, device)
+            dist.barrier()
         for tier, k, groups, pair in _tier_plans(info.world_size, info.local_world_size):
             made = [(ranks, dist.new_group(ranks)) for ranks in groups]  # every rank creates every group
             mine = next(((ranks, g) for ranks, g in made if dist.get_rank() in ranks), (groups[0], None))
@@ -284,6 +298,19 @@ def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200) -> tuple
     return step, hop
 
 
+def fit_compute_sharing(probes: dict, collectives: dict[int, dict[str, CostFit]]) -> tuple[dict[int, float], dict[int, float]]:
+    """From ``measure_compute_sharing``'s timings per busy-worker count k: (k -> slowdown of
+    computing side by side, never below 1; k -> cost of a synchronisation after computing
+    beyond the hot allreduce of a few bytes that the collective fits already count, never below 0)."""
+    sharing, sync = {}, {}
+    for k, t in probes.items():
+        k = int(k)
+        sharing[k] = max(1.0, t["together_s"] / t["alone_s"])
+        hot = collectives[k]["allreduce"].time(4) if "allreduce" in collectives.get(k, {}) else 0.0
+        sync[k] = max(0.0, t["synced_s"] - t["together_s"] - hot)
+    return sharing, sync
+
+
 def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str | None = None, threads: int = 1) -> HardwareProfile:
     """Measure the collectives with ``workers`` workers (or the launcher's) and fit them."""
     from partrain.distributed.launch import detect_launcher
@@ -301,6 +328,7 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         raw = spawn(hardware_worker, (sizes, backend, threads), workers)[0]
     links, collectives = fit_measurements(raw)
     step_s, hop_s = fit_pipeline_runtime(raw["pipeline_probe"], raw["pipeline_action_s"])
+    sharing, sync = fit_compute_sharing(raw["compute_sharing"], collectives.get("intra", {}))
     local = raw["local_world_size"]
     cuda = raw["backend"] == "nccl"
     here = machine()
@@ -319,9 +347,11 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         pipeline_action_s=raw["pipeline_action_s"],
         pipeline_step_s=step_s,
         pipeline_hop_s=hop_s,
+        compute_sharing=sharing,
+        sync_s=sync,
         notes=raw["notes"],
         points=json.loads(json.dumps({**{tier: {str(k): v for k, v in by.items()} for tier, by in raw["tiers"].items()},
-                                      "pipeline": raw["pipeline_probe"]})),
+                                      "pipeline": raw["pipeline_probe"], "compute_sharing": raw["compute_sharing"]})),
     )
 
 

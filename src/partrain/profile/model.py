@@ -84,6 +84,7 @@ class ModelProfile:
     profile_seconds: float = 0.0
     other_load: float = 0.0  # share of the machine's CPU other processes used while profiling
     options: dict = field(default_factory=dict)
+    average_s: float = 0.0  # local SGD's own work per averaging, besides the allreduce (flatten, scale, unflatten)
 
     @property
     def param_bytes(self) -> int:
@@ -177,6 +178,27 @@ def _time_block(block: nn.Module, x: torch.Tensor, needs_grad: bool) -> list[flo
         return mid - start, time.perf_counter() - mid
 
     return _median_times(run)
+
+
+def _time_flat_average(params: list[nn.Parameter]) -> float:
+    """Median seconds of what ``torch.distributed.algorithms.model_averaging.utils.average_parameters``
+    does around its allreduce: concatenate every parameter into a new flat tensor, divide it by
+    the world size, and point each parameter at its slice (a fresh allocation every time, so
+    its pages are touched anew, as in training)."""
+    if not params:
+        return 0.0
+
+    def run() -> tuple[float]:
+        start = time.perf_counter()
+        flat = torch.cat([p.data.reshape(-1) for p in params])
+        flat /= 2
+        offset = 0
+        for p in params:
+            p.data = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+        return (time.perf_counter() - start,)
+
+    return _median_times(run)[0]
 
 
 def _time_optimizer(params: list[nn.Parameter], kind: str) -> float:
@@ -318,6 +340,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         ]
         params = [p for p in net.parameters() if p.requires_grad]
         optimizer_s = {kind: _time_optimizer(params, kind) for kind in OPTIMIZERS}
+        average_s = _time_flat_average(params)  # last: it re-points the parameters
     finally:
         torch.set_num_threads(saved_threads)
     others = _others_share(load_before, _cpu_seconds(), time.perf_counter() - started)
@@ -331,7 +354,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         blocks=block_profiles, loss_s=whole["loss_s"], data_s=whole["data_s"],
         optimizer_s=optimizer_s, baseline_rss_bytes=memory["rss"], baseline_peak_rss_bytes=memory["peak"],
         train_peak_rss_bytes=memory["train_peaks"], profile_seconds=time.perf_counter() - started,
-        other_load=others, options=options,
+        other_load=others, options=options, average_s=average_s,
     )
 
 
