@@ -34,6 +34,7 @@ def test_model_profile_measures_every_block(mlp):
     assert all(t > 0 for b in mlp.blocks for t in b.fwd_s + b.bwd_s)
     assert fc2.saves_input and fc2.saved_bytes[1] > fc2.saved_bytes[0] > 0
     assert set(mlp.optimizer_s) == {"sgd", "sgd-momentum", "adam"}
+    assert mlp.average_s > 0  # local SGD's flatten and unflatten around the allreduce
     assert mlp.train_samples == 60_000 and mlp.input_bytes == 4 * 784
     assert 0 < mlp.baseline_rss_bytes <= mlp.baseline_peak_rss_bytes
     assert len(mlp.train_peak_rss_bytes) == 2 and min(mlp.train_peak_rss_bytes) >= mlp.baseline_rss_bytes
@@ -122,4 +123,8 @@ def test_hardware_profile_measures_every_collective(tmp_path):
     assert set(fits) == set(COLLECTIVES) or hw.notes
     for fit in fits.values():
         assert all(fit.time(n) > 0 for n in (64, 2**20)) and not math.isnan(fit.time(1))
+    assert set(hw.compute_sharing) == set(hw.sync_s) == {2}
+    assert hw.compute_sharing[2] >= 1.0 and hw.sync_s[2] >= 0.0
+    probe = hw.points["compute_sharing"]["2"]
+    assert probe["alone_s"] > 0 and probe["together_s"] > 0 and probe["synced_s"] > 0
     assert HardwareProfile.load(hw.save(tmp_path / "hw.json")) == hw
