@@ -328,7 +328,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     from partrain.profile.collectives import default_sizes
     from partrain.profile.hardware import hardware_path, hardware_table, profile_dir, profile_hardware
-    from partrain.profile.model import busy_warning, load_or_profile, profile_table
+    from partrain.profile.model import load_or_profile, profile_table
 
     if args.hardware:
         hw = profile_hardware(args.workers, default_sizes(int(args.max_mb * 2**20)), threads=args.threads or 1)
@@ -349,10 +349,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(json.dumps(profile.to_dict()))
     else:
         _print_table(profile_table(profile))
-    print(f"model profile: {path}{' (cached)' if reused else ''}", file=sys.stderr)
+    _announce_profile(profile, path, reused)
+    return 0
+
+
+def _announce_profile(profile, path, reused: bool, extra: str = "") -> None:
+    """On stderr: which model profile a command used, and whether the machine was busy when it was taken."""
+    from partrain.profile.model import busy_warning
+
+    print(f"model profile: {path}{' (cached)' if reused else ''}{extra}", file=sys.stderr)
     if warning := busy_warning(profile):
         print(warning, file=sys.stderr)
-    return 0
 
 
 def add_predict_parser(sub) -> None:
@@ -385,7 +392,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         candidate_plans, enumerate_plans, predict_plan, predictions_table, profile_batch_sizes,
     )
     from partrain.profile.hardware import hardware_for, load_cluster
-    from partrain.profile.model import busy_warning, load_or_profile
+    from partrain.profile.model import load_or_profile
 
     if args.cluster:
         hw = load_cluster(args.cluster)
@@ -416,10 +423,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     for plan, why in wanted:
         if why and args.all:
             print(f"  cannot run {plan.label()}: {why}")
-    print(f"model profile: {path}{' (cached)' if reused else ''}; memory limit {limit / 2**30:.1f} GiB per worker",
-          file=sys.stderr)
-    if warning := busy_warning(profile):
-        print(warning, file=sys.stderr)
+    _announce_profile(profile, path, reused, f"; memory limit {limit / 2**30:.1f} GiB per worker")
     return 0
 
 

@@ -12,7 +12,7 @@ each sweep into the alpha-beta ("postal") model t(n) = latency + n / bandwidth (
 one line does not fit: small messages are latency-bound and often take another protocol
 or algorithm than large ones (gloo switches allreduce algorithms with the size).
 
-Everything here but ``measure_collectives`` is pure and needs no process group.
+The fits are pure and need no process group; the ``measure_*`` functions run inside one.
 """
 
 from __future__ import annotations
@@ -393,7 +393,7 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
     return {"steps": steps, "stage_s": stage_s, "message_bytes": 2 * width * 4}
 
 
-def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int = 21) -> dict:
+def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int = 20) -> dict:
     """How the node runs its workers' compute side by side, and what a synchronisation after
     computing costs. Every rank of ``group`` calls this; its rank 0's timings are returned.
 
@@ -414,7 +414,7 @@ def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int
         for _ in range(n):
             torch.mm(a, a, out=c)
 
-    count = torch.tensor([0])
+    count = torch.tensor([0], device=device)
     if rank == 0:
         burn(20)
         start, n = time.perf_counter(), 0
@@ -425,20 +425,11 @@ def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int
     dist.broadcast(count, dist.get_global_rank(group, 0), group=group)
     n = int(count.item())
     token = torch.zeros(1, device=device)
-
-    def timed(step) -> float:
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            step()
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples[1:])
-
     dist.barrier(group)
-    alone = timed(lambda: burn(n)) if rank == 0 else 0.0
+    alone = _median_of(lambda: burn(n), repeats) if rank == 0 else 0.0
     dist.barrier(group)
-    together = timed(lambda: burn(n))
+    together = _median_of(lambda: burn(n), repeats)
     dist.barrier(group)
-    synced = timed(lambda: (burn(n), dist.all_reduce(token, group=group)))
+    synced = _median_of(lambda: (burn(n), dist.all_reduce(token, group=group)), repeats)
     dist.barrier(group)
     return {"alone_s": alone, "together_s": together, "synced_s": synced}

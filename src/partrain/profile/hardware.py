@@ -50,9 +50,27 @@ def fingerprint() -> str:
     return machine().hash
 
 
+class JsonProfile:
+    """Saving and loading for a profile dataclass with ``to_dict`` and ``from_dict``."""
+
+    kind = "profile"  # named in the error when a file cannot be read
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return write_json(Path(path), self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike):
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise PartrainError(f"{cls.kind} {path} is unreadable ({err}): delete it or profile again") from None
+
+
 @dataclass
-class HardwareProfile:
+class HardwareProfile(JsonProfile):
     """What the predictor knows about the hardware a job runs on."""
+
+    kind = "hardware profile"
 
     fingerprint: str
     description: str
@@ -115,15 +133,6 @@ class HardwareProfile:
             d.get("source", "measured"), list(d.get("notes", [])), d.get("points", {}),
         )
 
-    def save(self, path: str | os.PathLike) -> Path:
-        return write_json(Path(path), self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> HardwareProfile:
-        try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise PartrainError(f"hardware profile {path} is unreadable ({err}): delete it or profile again") from None
 
 
 def write_json(path: Path, data: dict) -> Path:

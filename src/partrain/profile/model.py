@@ -38,7 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from partrain.data import load_dataset
 from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
-from partrain.profile.hardware import fingerprint, profile_dir, write_json
+from partrain.profile.hardware import JsonProfile, fingerprint, profile_dir
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
 MIN_REPEATS, MAX_REPEATS, TARGET_S = 3, 50, 0.25  # timed runs per measurement: at least 3, about 0.25 s
@@ -64,7 +64,9 @@ class BlockProfile:
 
 
 @dataclass
-class ModelProfile:
+class ModelProfile(JsonProfile):
+    kind = "model profile"
+
     model: str
     dataset: str
     synthetic: bool
@@ -98,15 +100,6 @@ class ModelProfile:
         blocks = [BlockProfile(**b) for b in d["blocks"]]
         return cls(**{**d, "blocks": blocks})
 
-    def save(self, path: str | os.PathLike) -> Path:
-        return write_json(Path(path), self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> ModelProfile:
-        try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise PartrainError(f"model profile {path} is unreadable ({err}): delete it or profile again") from None
 
 
 # ---- measuring ----------------------------------------------------------------------------
