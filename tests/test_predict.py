@@ -19,6 +19,7 @@ from partrain.config import RunConfig
 from partrain.models import build_model
 from partrain.predict import Plan, check_plan, enumerate_plans, predict_plan
 from partrain.predict.comm import collective_time, transfer_time
+from partrain.predict import compute
 from partrain.predict.compute import interpolate
 from partrain.predict.memory import optimizer_state_bytes, stage_state
 from partrain.predict.pipeline_sim import PipelineCosts, StepWork, schedule_order, simulate
@@ -202,17 +203,41 @@ def test_compute_sharing_fit_from_the_probe():
 
 
 def test_measured_sharing_and_sync_enter_data_parallel_steps(mlp_profile, cluster):
+    mlp_profile = dataclasses.replace(mlp_profile, world_of_one_s={})  # no measured overheads: comm is the collectives
     plan = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)
     base = predict_plan(mlp_profile, cluster, plan)
     measured = dataclasses.replace(cluster, compute_sharing={2: 1.5}, sync_s={2: 0.002})
     pred = predict_plan(mlp_profile, measured, plan)
     assert pred.compute_s == pytest.approx(base.compute_s * 1.5)
-    assert pred.comm_s == pytest.approx(base.comm_s + 0.002, rel=1e-6)  # one synchronisation per step
+    assert pred.comm_s == pytest.approx(base.comm_s, rel=1e-6)  # DDP's probe already synchronises after compute
     serial = Plan("serial", workers=1, batch_size=32, threads=1)
     assert predict_plan(mlp_profile, measured, serial).seconds_per_step == predict_plan(mlp_profile, cluster, serial).seconds_per_step
-    averaged = predict_plan(mlp_profile, measured, dataclasses.replace(plan, strategy="local-sgd", average_every=4))
-    unsynced = predict_plan(mlp_profile, dataclasses.replace(measured, sync_s={}), dataclasses.replace(plan, strategy="local-sgd", average_every=4))
-    assert averaged.comm_s - unsynced.comm_s == pytest.approx(0.002 / 4)  # amortized with the averaging
+    fsdp = dataclasses.replace(plan, strategy="fsdp")
+    unsynced = predict_plan(mlp_profile, dataclasses.replace(measured, sync_s={}), fsdp)
+    assert predict_plan(mlp_profile, measured, fsdp).comm_s - unsynced.comm_s == pytest.approx(0.002)
+
+
+def test_world_of_one_timings_are_reproduced_value_by_value(mlp_profile, cluster):
+    """The profile's own training-loop timings on one worker are oracles: the predictions of
+    those very plans must give them back, and the overheads they show carry to bigger worlds."""
+    hw = dataclasses.replace(cluster, compute_speed=1.0, compute_sharing={}, sync_s={})
+    parts = compute.parts_step(mlp_profile, 4, "sgd-momentum")
+    ran = {"serial": parts + 0.0005, "ddp": parts + 0.0015, "local-sgd": parts + 0.0025, "hybrid": parts + 0.004}
+    prof = dataclasses.replace(mlp_profile, world_of_one_s=ran, world_of_one_batch=4)
+    one = dict(workers=1, batch_size=4, threads=1)
+    assert compute.loop_time(prof) == pytest.approx(0.0005)
+    assert predict_plan(prof, hw, Plan("serial", **one)).seconds_per_step == pytest.approx(ran["serial"])
+    assert predict_plan(prof, hw, Plan("ddp", dp=1, **one)).seconds_per_step == pytest.approx(ran["ddp"])
+    assert predict_plan(prof, hw, Plan("local-sgd", dp=1, **one)).seconds_per_step == pytest.approx(ran["local-sgd"])
+    hybrid = Plan("hybrid", microbatches=2, schedule="1f1b", **one)
+    assert predict_plan(prof, hw, hybrid).seconds_per_step == pytest.approx(ran["hybrid"])
+    # on two workers DDP's own work is still there; local SGD's replaces the flattening estimate
+    two = dict(workers=2, batch_size=32, dp=2, threads=1)
+    bare = dataclasses.replace(mlp_profile, world_of_one_s={})
+    for strategy, extra in (("ddp", 0.001), ("local-sgd", 0.002 - mlp_profile.average_s)):
+        with_it = predict_plan(prof, hw, Plan(strategy, **two)).seconds_per_step
+        without = predict_plan(bare, hw, Plan(strategy, **two)).seconds_per_step
+        assert with_it - without == pytest.approx(0.0005 + extra)
 
 
 def test_interpolation_is_piecewise_linear_and_extrapolates():

@@ -35,6 +35,10 @@ def test_model_profile_measures_every_block(mlp):
     assert fc2.saves_input and fc2.saved_bytes[1] > fc2.saved_bytes[0] > 0
     assert set(mlp.optimizer_s) == {"sgd", "sgd-momentum", "adam"}
     assert mlp.average_s > 0  # local SGD's flatten and unflatten around the allreduce
+    # partrain's own loop on a world of one, per strategy, at the smallest batch size
+    assert mlp.world_of_one_batch == 4
+    assert set(mlp.world_of_one_s) == {"serial", "ddp", "local-sgd", "hybrid"}
+    assert all(0 < t < 1 for t in mlp.world_of_one_s.values())
     assert mlp.train_samples == 60_000 and mlp.input_bytes == 4 * 784
     assert 0 < mlp.baseline_rss_bytes <= mlp.baseline_peak_rss_bytes
     assert len(mlp.train_peak_rss_bytes) == 2 and min(mlp.train_peak_rss_bytes) >= mlp.baseline_rss_bytes

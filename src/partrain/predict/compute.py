@@ -76,6 +76,23 @@ def optimizer_kind(optimizer: str, momentum: float) -> str:
 
 def serial_step(profile: ModelProfile, b: float, kind: str) -> float:
     """A serial step (``train.py``): load the batch, forward and backward every block and the
-    loss, one ``kind`` optimizer step: the sum of their measured times."""
+    loss, one ``kind`` optimizer step: the sum of their measured times, and the loop's own."""
+    return parts_step(profile, b, kind) + loop_time(profile)
+
+
+def parts_step(profile: ModelProfile, b: float, kind: str) -> float:
+    """The measured parts of a serial step: data, every block's forward and backward, the loss,
+    the optimizer."""
     fwd, bwd = block_times(profile, b)
     return at(profile, profile.data_s, b) + sum(fwd) + sum(bwd) + loss_time(profile, b) + profile.optimizer_s[kind]
+
+
+def loop_time(profile: ModelProfile) -> float:
+    """What the training loop itself adds to every step beyond its measured parts (zeroing
+    gradients, the step's Python, returning the loss): partrain's serial loop timed by the
+    profile on a world of one (SGD with momentum, its default), less the sum of the parts at
+    that batch size. 0 when not measured."""
+    ran = profile.world_of_one_s.get("serial")
+    if ran is None:
+        return 0.0
+    return max(0.0, ran - parts_step(profile, profile.world_of_one_batch, "sgd-momentum"))

@@ -183,7 +183,8 @@ class _Env:
     cores: int  # per node
     speed: float  # compute_speed of the hardware relative to the profiling machine
     sharing: dict[int, float]  # measured slowdown of k single-threaded workers computing side by side
-    sync_s: float  # one synchronisation after computing, beyond the collective (measured; 0 if not)
+    sync_s: float  # FSDP: one synchronisation after computing, beyond its collectives (measured; 0 if not).
+    # DDP, local SGD and hybrid replicas use ``ddp_allreduce``, measured as DDP drives it, which includes it
 
     def slowdown(self, busy_workers_per_node: float) -> float:
         """Compute time of a worker while ``busy_workers_per_node`` compute on its node, over
@@ -249,7 +250,7 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
     slow = env.slowdown(env.local_workers)
     kind = compute.optimizer_kind(plan.optimizer, plan.momentum)
     fwd, bwd = compute.block_times(profile, b)
-    fb = (sum(fwd) + sum(bwd) + compute.loss_time(profile, b)) * slow
+    fb = (sum(fwd) + sum(bwd) + compute.loss_time(profile, b) + compute.loop_time(profile)) * slow
     data = compute.at(profile, profile.data_s, b) * slow
     opt = compute.optimizer_time(profile, kind) * slow
     ranks = list(range(plan.workers))
@@ -260,15 +261,17 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
     act = activation_bytes(profile, 0, len(params), b) + block_input_bytes(profile, 0, b)
     buffers, occasional = 0, 0.0
     if plan.strategy == "ddp":
-        comm = _ddp_comm(profile, hw, plan, ranks, bwd, slow) + env.sync_s
+        # DDP's own work (autograd hooks, copies into and out of the buckets), measured on a world of one
+        comm = _ddp_comm(profile, hw, plan, ranks, bwd, slow) + profile.overhead_s("ddp") * slow
         buffers = total_params  # flat gradient buckets beside the gradients (gradient_as_bucket_view=False)
     elif plan.strategy == "local-sgd":
         # average_parameters flattens every parameter into one buffer and allreduces it
         # (torch.distributed.algorithms.model_averaging.utils), every K steps or once an epoch;
-        # the flattening and unflattening around it is measured by the model profile
+        # the work around it (flatten, scale, unflatten) is what the profile measured for local SGD
+        # averaging every step on a world of one, else its timing of the flattening alone
         every = _steps_per_epoch(profile, plan) if plan.average_every == "epoch" else int(plan.average_every)
-        local = profile.average_s * slow  # done on a world of one too
-        comm = (collective_time(hw, "allreduce", total_params, ranks) + env.sync_s + local) / every
+        local = (profile.overhead_s("local-sgd") or profile.average_s) * slow
+        comm = (collective_time(hw, "ddp_allreduce", total_params, ranks) + local) / every
         buffers = total_params
         if every > 2:
             occasional = comm
@@ -334,7 +337,7 @@ def _microbatch(plan: Plan) -> float:
     return plan.batch_size / plan.dp / plan.microbatches
 
 
-def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, bounds, env: _Env) -> PipelineCosts:
+def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, bounds, env: _Env, wrapper: float) -> PipelineCosts:
     """Per-stage compute, boundary transfers, and each rank's work around the schedule."""
     b = _microbatch(plan)
     fwd, bwd = compute.stage_times(profile, bounds, b, plan.recompute)
@@ -355,18 +358,32 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
         before.append((StepWork("data", data),) if loads else ())
         grad_bytes = sum(profile.blocks[i].param_bytes for i in blocks)
         dp_ranks = [rank(stages[0]) + d for d in range(plan.dp)]
-        reduce = collective_time(hw, "allreduce", grad_bytes, dp_ranks)  # hybrid: replicas' gradients
-        reduce += env.sync_s if plan.dp > 1 else 0.0
+        reduce = collective_time(hw, "ddp_allreduce", grad_bytes, dp_ranks)  # hybrid: replicas' gradients
         opt = compute.optimizer_time(profile, kind, blocks) / env.speed
-        runtime = StepWork("runtime", hw.pipeline_step_s)  # the schedule's per-step bookkeeping
+        # the schedule's per-step bookkeeping, the loop's own, and a hybrid's replica wrapper on its blocks
+        own = hw.pipeline_step_s + compute.loop_time(profile) / env.speed + wrapper * grad_bytes / max(1, profile.param_bytes)
+        runtime = StepWork("runtime", own)
         after.append((runtime, StepWork("allreduce", reduce, cpu=False), StepWork("optimizer", opt)))
     return PipelineCosts(fwd, bwd, send_fwd, send_bwd, tuple(before), tuple(after))
 
 
-def _pipeline(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Prediction:
+def _replica_wrapper_s(profile: ModelProfile, hw: HardwareProfile) -> float:
+    """What a hybrid's ``fully_shard`` replica wrapper costs a step over the whole model (unsharding
+    into and out of its flat parameters, the hooks): the profile's hybrid step on a world of one
+    (one stage, one replica, 1F1B over 2 micro-batches) less the same plan simulated without it."""
+    ran = profile.world_of_one_s.get("hybrid")
+    if ran is None:
+        return 0.0
+    plan = Plan("hybrid", workers=1, batch_size=profile.world_of_one_batch, microbatches=2, schedule="1f1b")
+    return max(0.0, ran - _pipeline(profile, hw, plan, wrapper=0.0).seconds_per_step)
+
+
+def _pipeline(profile: ModelProfile, hw: HardwareProfile, plan: Plan, wrapper: float | None = None) -> Prediction:
     env = _env(hw, plan)
     bounds = stage_bounds(profile, plan)
-    costs = _pipeline_costs(profile, hw, plan, bounds, env)
+    if wrapper is None:
+        wrapper = _replica_wrapper_s(profile, hw) if plan.kind == "hybrid" else 0.0
+    costs = _pipeline_costs(profile, hw, plan, bounds, env, wrapper)
     orders = schedule_order(plan.schedule or "gpipe", plan.pp, plan.microbatches, plan.stages_per_worker)
     cpu_slots = env.cores * env.nodes_used / (env.threads * plan.dp)  # dp replicas run the same timeline
     sim = simulate(orders, costs, cpu_slots)

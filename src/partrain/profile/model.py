@@ -14,7 +14,9 @@ keyed by model, dataset, batch sizes, threads and the hardware fingerprint, and 
 every later prediction. Cost: about five forward/backward passes of the model per batch
 size (an instrumented one, then at least four of each block, the first a warm-up), plus
 the memory probe: a fresh process (it imports torch) taking two serial steps per batch
-size.
+size, then 10 steps of partrain's own training loop per strategy on a world of one at the
+smallest batch size (``world_of_one_s``: what DDP, the averager and the pipelining runtime
+cost beyond the serial loop, measured rather than modelled).
 """
 
 from __future__ import annotations
@@ -87,6 +89,15 @@ class ModelProfile(JsonProfile):
     other_load: float = 0.0  # share of the machine's CPU other processes used while profiling
     options: dict = field(default_factory=dict)
     average_s: float = 0.0  # local SGD's own work per averaging, besides the allreduce (flatten, scale, unflatten)
+    world_of_one_s: dict[str, float] = field(default_factory=dict)  # median step of partrain's training loop, per strategy
+    world_of_one_batch: int = 0  # the batch size world_of_one_s ran at
+
+    def overhead_s(self, strategy: str) -> float:
+        """What ``strategy``'s machinery adds to a step on a world of one, over the serial
+        loop (DDP's hooks and bucket copies, the averager's flatten and unflatten, the
+        pipelining runtime and replica wrapper); 0 when not measured."""
+        ran = self.world_of_one_s
+        return max(0.0, ran[strategy] - ran["serial"]) if strategy in ran and "serial" in ran else 0.0
 
     @property
     def param_bytes(self) -> int:
@@ -293,15 +304,48 @@ def baseline_probe() -> None:
             F.cross_entropy(net(x), y).backward()
             opt.step()
         out["train_peaks"].append(_status_bytes("VmHWM"))
+    out["world_of_one"] = _time_world_of_one(args) if args["world_of_one"] else {}
     print(json.dumps(out))
 
 
+WORLD_OF_ONE = ("serial", "ddp", "local-sgd", "hybrid")  # hybrid: pp 1 x dp 1, 1F1B over 2 micro-batches
+WORLD_OF_ONE_STEPS, WORLD_OF_ONE_WARMUP = 10, 3
+
+
+def _time_world_of_one(args: dict) -> dict[str, float]:
+    """Median step time of partrain's own training loop (``train.train_worker``, as a
+    benchmark cell runs it) on a world of one, per strategy in ``WORLD_OF_ONE``, at the
+    smallest profiled batch size: what each strategy's machinery costs beyond the serial
+    loop, which the blocks' times cannot show. Runs in the probe process, after the memory
+    figures were taken."""
+    from partrain.config import RunConfig
+    from partrain.distributed.launch import LaunchInfo
+    from partrain.train import train_worker
+
+    batch = min(args["batch_sizes"])
+    base = dict(model=args["model"], dataset=args["dataset"], data_dir=args["data_dir"], synthetic=args["synthetic"],
+                model_options=args["options"], batch_size=batch, steps=WORLD_OF_ONE_STEPS, evaluate=False,
+                threads=args["threads"], workers=1)
+    out = {}
+    for strategy in WORLD_OF_ONE:
+        extra = {}
+        if strategy == "hybrid":
+            if batch % 2:
+                continue
+            extra = dict(pp=1, dp=1, microbatches=2, schedule="1f1b")
+        result = train_worker(RunConfig(strategy=strategy, **base, **extra), LaunchInfo("none"), show_progress=False)
+        out[strategy] = statistics.median(result.step_seconds[WORLD_OF_ONE_WARMUP:])
+    torch.set_num_threads(args["threads"])
+    return out
+
+
 def measure_memory(model: str, dataset: str, input_shape, num_classes: int, batch_sizes: list[int], threads: int,
-                   data_dir, synthetic: bool, options: dict) -> dict:
-    """``baseline_probe``'s figures: {"rss", "peak", "train_peaks" (one per batch size)}."""
+                   data_dir, synthetic: bool, options: dict, world_of_one: bool = True) -> dict:
+    """``baseline_probe``'s figures: {"rss", "peak", "train_peaks" (one per batch size),
+    "world_of_one" (median step per strategy, when ``world_of_one``)}."""
     args = {"model": model, "dataset": dataset, "input_shape": list(input_shape), "num_classes": num_classes,
             "batch_sizes": batch_sizes, "threads": threads, "data_dir": None if data_dir is None else str(data_dir),
-            "synthetic": synthetic, "options": options}
+            "synthetic": synthetic, "options": options, "world_of_one": world_of_one}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # user factories stay importable
     proc = subprocess.run([sys.executable, "-c", "from partrain.profile.model import baseline_probe; baseline_probe()",
                            json.dumps(args)], capture_output=True, text=True, env=env, timeout=600)
@@ -347,7 +391,8 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         blocks=block_profiles, loss_s=whole["loss_s"], data_s=whole["data_s"],
         optimizer_s=optimizer_s, baseline_rss_bytes=memory["rss"], baseline_peak_rss_bytes=memory["peak"],
         train_peak_rss_bytes=memory["train_peaks"], profile_seconds=time.perf_counter() - started,
-        other_load=others, options=options, average_s=average_s,
+        other_load=others, options=options, average_s=average_s, world_of_one_s=memory["world_of_one"],
+        world_of_one_batch=min(batch_sizes),
     )
 
 
