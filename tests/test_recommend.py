@@ -121,3 +121,27 @@ def test_run_trains_the_plan_it_printed(tmp_path, profile_dir, data_dir, capsys)
     assert measured["steps"] == 20 and measured["seconds_per_step"] > 0
     assert measured["predicted_seconds_per_step"] == pytest.approx(
         out["winner"]["median_step_s"]) and measured["test_accuracy"] > 0.5
+
+
+def test_recommendation_outcomes_score_the_pick_against_the_measured_fastest():
+    from partrain.predict.validate import Case
+    from partrain.recommend import recommendation_outcomes, summarize_outcomes
+
+    def case(label, strategy, workers, measured, predicted, repeats):
+        return Case(label, ("cnn", "mnist", 32, workers, 1), strategy, measured, predicted, 0, 0, 1.0, repeats)
+
+    cases = [
+        case("serial", "serial", 1, 0.020, 0.018, (0.019, 0.021)),
+        case("ddp x2", "ddp", 2, 0.013, 0.010, (0.012, 0.014)),  # predicted fastest
+        case("local-sgd x2", "local-sgd", 2, 0.012, 0.011, (0.0125, 0.0115)),  # measured fastest, repeats overlap ddp's
+        case("ddp x1", "ddp", 1, 0.001, 0.001, (0.001, 0.001)),  # not a candidate: one worker means serial
+    ]
+    [outcome] = recommendation_outcomes(cases, max_workers=(2,))
+    assert (outcome.plans, outcome.picked, outcome.best) == (3, "ddp x2", "local-sgd x2")
+    assert outcome.regret == pytest.approx(0.013 / 0.012 - 1) and outcome.tie
+    assert outcome.tau == pytest.approx(1 / 3)  # pairs: (serial, ddp) +, (serial, lsgd) +, (ddp, lsgd) -
+    summary = summarize_outcomes([outcome])
+    assert summary["hit_rate"] == 0.0 and summary["hit_rate_within_noise"] == 1.0
+    apart = [*cases[:2], case("local-sgd x2", "local-sgd", 2, 0.010, 0.011, (0.0099, 0.0101))]
+    [outcome] = recommendation_outcomes(apart, max_workers=(2,))
+    assert not outcome.tie and summarize_outcomes([outcome])["hit_rate_within_noise"] == 0.0

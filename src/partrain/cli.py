@@ -497,9 +497,12 @@ def _report_recommendations(report, as_json: bool) -> int:
     for name in ("job", "plans", "picked (predicted fastest)", "measured fastest", "regret", "Kendall tau"):
         table.add_column(name)
     for o in outcomes:
-        table.add_row(o.key, str(o.plans), o.picked, o.best, f"{o.regret:.1%}", f"{o.tau:.2f}")
+        table.add_row(o.key, str(o.plans), o.picked, o.best + (" (repeats overlap the pick's)" if o.tie else ""),
+                      f"{o.regret:.1%}", f"{o.tau:.2f}")
     _print_table(table)
-    print(f"{summary['groups']} jobs: top-1 hit rate {summary['hit_rate']:.0%}, regret mean {summary['mean_regret']:.1%} "
+    print(f"{summary['groups']} jobs: top-1 hit rate {summary['hit_rate']:.0%} "
+          f"({summary['hit_rate_within_noise']:.0%} counting picks the benchmark's repeats cannot tell from the fastest), "
+          f"regret mean {summary['mean_regret']:.1%} "
           f"(worst {summary['worst_regret']:.1%}), Kendall tau {summary['kendall_tau']:.2f}; profiling cost "
           f"{summary['profile_cost']:.1%} of the benchmark time of the cells it predicts")
     return 0
