@@ -14,8 +14,8 @@ keyed by model, dataset, batch sizes, threads and the hardware fingerprint, and 
 every later prediction. Cost: about five forward/backward passes of the model per batch
 size (an instrumented one, then at least four of each block, the first a warm-up), plus
 the memory probe: a fresh process (it imports torch) taking two serial steps per batch
-size, then 10 steps of partrain's own training loop per strategy on a world of one at the
-smallest batch size (``world_of_one_s``: what DDP, the averager and the pipelining runtime
+size, then 4 to 9 steps (about 0.25 s measured after 1 of warm-up) of partrain's own
+training loop per strategy on a world of one at the smallest batch size (``world_of_one_s``: what DDP, the averager and the pipelining runtime
 cost beyond the serial loop, measured rather than modelled).
 """
 
@@ -304,12 +304,18 @@ def baseline_probe() -> None:
             F.cross_entropy(net(x), y).backward()
             opt.step()
         out["train_peaks"].append(_status_bytes("VmHWM"))
-    out["world_of_one"] = _time_world_of_one(args) if args["world_of_one"] else {}
+    out["world_of_one"] = _time_world_of_one(args) if args["world_of_one_steps"] else {}
     print(json.dumps(out))
 
 
 WORLD_OF_ONE = ("serial", "ddp", "local-sgd", "hybrid")  # hybrid: pp 1 x dp 1, 1F1B over 2 micro-batches
-WORLD_OF_ONE_STEPS, WORLD_OF_ONE_WARMUP = 10, 3
+# the first step is left out (the median shrugs off a second slow one); the measured ones take about 0.25 s
+WORLD_OF_ONE_WARMUP, WORLD_OF_ONE_TARGET_S = 1, 0.25
+
+
+def world_of_one_steps(step_s: float) -> int:
+    """Measured steps per strategy for a serial step of about ``step_s``: 3 to 8."""
+    return min(8, max(3, round(WORLD_OF_ONE_TARGET_S / max(step_s, 1e-9))))
 
 
 def _time_world_of_one(args: dict) -> dict[str, float]:
@@ -324,7 +330,8 @@ def _time_world_of_one(args: dict) -> dict[str, float]:
 
     batch = min(args["batch_sizes"])
     base = dict(model=args["model"], dataset=args["dataset"], data_dir=args["data_dir"], synthetic=args["synthetic"],
-                model_options=args["options"], batch_size=batch, steps=WORLD_OF_ONE_STEPS, evaluate=False,
+                model_options=args["options"], batch_size=batch, steps=WORLD_OF_ONE_WARMUP + args["world_of_one_steps"],
+                evaluate=False,
                 threads=args["threads"], workers=1)
     out = {}
     for strategy in WORLD_OF_ONE:
@@ -340,12 +347,13 @@ def _time_world_of_one(args: dict) -> dict[str, float]:
 
 
 def measure_memory(model: str, dataset: str, input_shape, num_classes: int, batch_sizes: list[int], threads: int,
-                   data_dir, synthetic: bool, options: dict, world_of_one: bool = True) -> dict:
+                   data_dir, synthetic: bool, options: dict, world_of_one_steps: int = 0) -> dict:
     """``baseline_probe``'s figures: {"rss", "peak", "train_peaks" (one per batch size),
-    "world_of_one" (median step per strategy, when ``world_of_one``)}."""
+    "world_of_one" (median step per strategy over ``world_of_one_steps`` steps after warm-up;
+    not measured when 0)}."""
     args = {"model": model, "dataset": dataset, "input_shape": list(input_shape), "num_classes": num_classes,
             "batch_sizes": batch_sizes, "threads": threads, "data_dir": None if data_dir is None else str(data_dir),
-            "synthetic": synthetic, "options": options, "world_of_one": world_of_one}
+            "synthetic": synthetic, "options": options, "world_of_one_steps": world_of_one_steps}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # user factories stay importable
     proc = subprocess.run([sys.executable, "-c", "from partrain.profile.model import baseline_probe; baseline_probe()",
                            json.dumps(args)], capture_output=True, text=True, env=env, timeout=600)
@@ -381,8 +389,10 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
     finally:
         torch.set_num_threads(saved_threads)
     others = _others_share(load_before, _cpu_seconds(), time.perf_counter() - started)
+    first = per_batch[0]  # the smallest batch size: the world-of-one runs' estimated step sets their length
+    step_s = sum(r["fwd_s"] + r["bwd_s"] for r in first[0]) + sum(first[1].values()) + optimizer_s["sgd-momentum"]
     memory = measure_memory(model, dataset, spec.input_shape, spec.num_classes, batch_sizes, threads, data_dir, synthetic,
-                            options)
+                            options, world_of_one_steps(step_s))
     whole = {key: [w[key] for _, w in per_batch] for key in per_batch[0][1]}
     return ModelProfile(
         model=model, dataset=dataset, synthetic=synthetic, batch_sizes=batch_sizes, threads=threads,
