@@ -15,8 +15,9 @@ every later prediction. Cost: about five forward/backward passes of the model pe
 size (an instrumented one, then at least four of each block, the first a warm-up), plus
 the memory probe: a fresh process (it imports torch) taking two serial steps per batch
 size, then 4 to 9 steps (about 0.25 s measured after 1 of warm-up) of partrain's own
-training loop per strategy on a world of one at the smallest batch size (``world_of_one_s``: what DDP, the averager and the pipelining runtime
-cost beyond the serial loop, measured rather than modelled).
+training loop per strategy on a world of one at the smallest batch size (``world_of_one_s``:
+what DDP, the averager and the pipelining runtime cost beyond the serial loop, measured
+rather than modelled).
 """
 
 from __future__ import annotations
@@ -331,8 +332,7 @@ def _time_world_of_one(args: dict) -> dict[str, float]:
     batch = min(args["batch_sizes"])
     base = dict(model=args["model"], dataset=args["dataset"], data_dir=args["data_dir"], synthetic=args["synthetic"],
                 model_options=args["options"], batch_size=batch, steps=WORLD_OF_ONE_WARMUP + args["world_of_one_steps"],
-                evaluate=False,
-                threads=args["threads"], workers=1)
+                evaluate=False, threads=args["threads"], workers=1)
     out = {}
     for strategy in WORLD_OF_ONE:
         extra = {}
