@@ -123,7 +123,7 @@ def test_run_trains_the_plan_it_printed(tmp_path, profile_dir, data_dir, capsys)
         out["winner"]["median_step_s"]) and measured["test_accuracy"] > 0.5
 
 
-def test_recommendation_outcomes_score_the_pick_against_the_measured_fastest():
+def test_recommendation_outcomes_score_the_pick_against_the_measured_fastest(capsys):
     from partrain.predict.validate import Case
     from partrain.recommend import recommendation_outcomes, summarize_outcomes
 
@@ -136,12 +136,29 @@ def test_recommendation_outcomes_score_the_pick_against_the_measured_fastest():
         case("local-sgd x2", "local-sgd", 2, 0.012, 0.011, (0.0125, 0.0115)),  # measured fastest, repeats overlap ddp's
         case("ddp x1", "ddp", 1, 0.001, 0.001, (0.001, 0.001)),  # not a candidate: one worker means serial
     ]
+    # as recommend ranks by default: local SGD (not serial training) is no candidate
     [outcome] = recommendation_outcomes(cases, max_workers=(2,))
+    assert (outcome.plans, outcome.picked, outcome.best, outcome.regret) == (2, "ddp x2", "ddp x2", 0.0)
+    # as recommend --async ranks
+    [outcome] = recommendation_outcomes(cases, max_workers=(2,), include_async=True)
     assert (outcome.plans, outcome.picked, outcome.best) == (3, "ddp x2", "local-sgd x2")
     assert outcome.regret == pytest.approx(0.013 / 0.012 - 1) and outcome.tie
     assert outcome.tau == pytest.approx(1 / 3)  # pairs: (serial, ddp) +, (serial, lsgd) +, (ddp, lsgd) -
     summary = summarize_outcomes([outcome])
     assert summary["hit_rate"] == 0.0 and summary["hit_rate_within_noise"] == 1.0
     apart = [*cases[:2], case("local-sgd x2", "local-sgd", 2, 0.010, 0.011, (0.0099, 0.0101))]
-    [outcome] = recommendation_outcomes(apart, max_workers=(2,))
+    [outcome] = recommendation_outcomes(apart, max_workers=(2,), include_async=True)
     assert not outcome.tie and summarize_outcomes([outcome])["hit_rate_within_noise"] == 0.0
+
+
+    # validate --recommendations reports both ways recommend can rank
+    from partrain.cli import _report_recommendations
+    from partrain.predict.validate import Report
+
+    assert _report_recommendations(Report(apart, 1.0, []), as_json=True) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [g["picked"] for g in out["synchronous"]["groups"]] == ["ddp x2"]
+    assert out["synchronous"]["summary"]["hit_rate"] == 1.0
+    assert [g["best"] for g in out["with_async"]["groups"]] == ["local-sgd x2"]
+    assert out["with_async"]["summary"]["hit_rate"] == 0.0
+    assert out["with_async"]["summary"]["profile_cost"] == pytest.approx(1.0 / 3)  # wall_s 1.0 per case

@@ -332,16 +332,19 @@ def measured_tie(a, b) -> bool:
     return min(a.repeats) <= max(b.repeats) and min(b.repeats) <= max(a.repeats)
 
 
-def recommendation_outcomes(cases, max_workers=(2, 4)) -> list[GroupOutcome]:
+def recommendation_outcomes(cases, max_workers=(2, 4), include_async: bool = False) -> list[GroupOutcome]:
     """For each (model, dataset, batch, threads) and each W with cells on W workers, the
     candidates are the measured plans the recommender would enumerate on at most W workers
-    (fewer workers can win; one worker means serial): its pick is the predicted fastest,
-    held against the measured fastest."""
+    (fewer workers can win; one worker means serial; local SGD and Hogwild only with
+    ``include_async``, as ``recommend --async``): its pick is the predicted fastest, held
+    against the measured fastest of the same candidates."""
     by_job: dict[tuple, list] = {}
     for case in cases:
         model, dataset, batch, workers, threads = case.group
         if workers == 1 and case.strategy != "serial":
             continue  # on one worker the recommender proposes serial only (candidate_plans)
+        if case.strategy in ASYNCHRONOUS and not include_async:
+            continue  # recommend ranks them only when asked to (--async)
         by_job.setdefault((model, dataset, batch, threads), []).append((workers, case))
     outcomes = []
     for (model, dataset, batch, threads), entries in sorted(by_job.items(), key=str):

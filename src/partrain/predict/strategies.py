@@ -268,9 +268,9 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
         # average_parameters flattens every parameter into one buffer and allreduces it
         # (torch.distributed.algorithms.model_averaging.utils), every K steps or once an epoch;
         # the work around it (flatten, scale, unflatten) is what the profile measured for local SGD
-        # averaging every step on a world of one, else its timing of the flattening alone
+        # averaging every step on a world of one
         every = _steps_per_epoch(profile, plan) if plan.average_every == "epoch" else int(plan.average_every)
-        local = (profile.overhead_s("local-sgd") or profile.average_s) * slow
+        local = profile.overhead_s("local-sgd") * slow
         comm = (collective_time(hw, "ddp_allreduce", total_params, ranks) + local) / every
         buffers = total_params
         if every > 2:

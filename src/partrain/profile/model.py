@@ -11,10 +11,10 @@ serial training steps at each batch size (what the allocator really holds for a 
 
 Profiles are cached as JSON in the profile directory (``profile.hardware.profile_dir``),
 keyed by model, dataset, batch sizes, threads and the hardware fingerprint, and reused by
-every later prediction. Cost: about five forward/backward passes of the model per batch
-size (an instrumented one, then at least four of each block, the first a warm-up), plus
+every later prediction. Cost: about four forward/backward passes of the model per batch
+size (an instrumented one, which also warms the block up, then at least three timed), plus
 the memory probe: a fresh process (it imports torch) taking two serial steps per batch
-size, then 4 to 9 steps (about 0.25 s measured after 1 of warm-up) of partrain's own
+size, then 3 to 9 steps (about 0.25 s measured after 1 of warm-up) of partrain's own
 training loop per strategy on a world of one at the smallest batch size (``world_of_one_s``:
 what DDP, the averager and the pipelining runtime cost beyond the serial loop, measured
 rather than modelled).
@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -45,6 +45,7 @@ from partrain.profile.hardware import JsonProfile, fingerprint, profile_dir
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
 MIN_REPEATS, MAX_REPEATS, TARGET_S = 3, 50, 0.25  # timed runs per measurement: at least 3, about 0.25 s
+OPTIMIZER_REPEATS = 20
 
 
 @dataclass
@@ -89,7 +90,6 @@ class ModelProfile(JsonProfile):
     profile_seconds: float = 0.0
     other_load: float = 0.0  # share of the machine's CPU other processes used while profiling
     options: dict = field(default_factory=dict)
-    average_s: float = 0.0  # local SGD's own work per averaging, besides the allreduce (flatten, scale, unflatten)
     world_of_one_s: dict[str, float] = field(default_factory=dict)  # median step of partrain's training loop, per strategy
     world_of_one_batch: int = 0  # the batch size world_of_one_s ran at
 
@@ -110,22 +110,26 @@ class ModelProfile(JsonProfile):
     @classmethod
     def from_dict(cls, d: dict) -> ModelProfile:
         blocks = [BlockProfile(**b) for b in d["blocks"]]
-        return cls(**{**d, "blocks": blocks})
+        known = {f.name for f in fields(cls)}  # profiles saved by earlier versions may carry retired keys
+        return cls(**{**{k: v for k, v in d.items() if k in known}, "blocks": blocks})
 
 
 
 # ---- measuring ----------------------------------------------------------------------------
 
 
-def _median_times(run: Callable[[], tuple[float, ...]]) -> list[float]:
-    """Per component, the median seconds ``run`` reports, after one warm-up call.
+def _median_times(run: Callable[[], tuple[float, ...]], warm_up: bool = True,
+                  max_repeats: int = MAX_REPEATS) -> list[float]:
+    """Per component, the median seconds ``run`` reports, after one warm-up call (unless the
+    caller has just run the same work).
 
     The samples are split in their first and second half and the lower median is kept: a
     burst of work from another process during one half does not move the result.
     """
-    run()
+    if warm_up:
+        run()
     samples: list[tuple[float, ...]] = []
-    while len(samples) < MIN_REPEATS or (sum(map(sum, samples)) < TARGET_S and len(samples) < MAX_REPEATS):
+    while len(samples) < MIN_REPEATS or (sum(map(sum, samples)) < TARGET_S and len(samples) < max_repeats):
         samples.append(run())
     half = len(samples) // 2
     halves = [samples[:half], samples[half:]] if half >= 2 else [samples]
@@ -168,7 +172,8 @@ def _inspect_block(block: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int
 
 def _time_block(block: nn.Module, x: torch.Tensor, needs_grad: bool) -> list[float]:
     """Median [forward, backward] seconds of ``block`` on ``x``, with fresh gradients each time
-    (the training loop zeroes them to None every step)."""
+    (the training loop zeroes them to None every step). No warm-up of its own: the caller has
+    just run the block forward and backward once to count its FLOPs and saved bytes."""
     grad = None
 
     def run() -> tuple[float, float]:
@@ -182,28 +187,7 @@ def _time_block(block: nn.Module, x: torch.Tensor, needs_grad: bool) -> list[flo
         out.backward(grad)
         return mid - start, time.perf_counter() - mid
 
-    return _median_times(run)
-
-
-def _time_flat_average(params: list[nn.Parameter]) -> float:
-    """Median seconds of what ``torch.distributed.algorithms.model_averaging.utils.average_parameters``
-    does around its allreduce: concatenate every parameter into a new flat tensor, divide it by
-    the world size, and point each parameter at its slice (a fresh allocation every time, so
-    its pages are touched anew, as in training)."""
-    if not params:
-        return 0.0
-
-    def run() -> tuple[float]:
-        start = time.perf_counter()
-        flat = torch.cat([p.data.reshape(-1) for p in params])
-        flat /= 2
-        offset = 0
-        for p in params:
-            p.data = flat[offset : offset + p.numel()].view_as(p)
-            offset += p.numel()
-        return (time.perf_counter() - start,)
-
-    return _median_times(run)[0]
+    return _median_times(run, warm_up=False)
 
 
 def _time_optimizer(params: list[nn.Parameter], kind: str) -> float:
@@ -223,7 +207,9 @@ def _time_optimizer(params: list[nn.Parameter], kind: str) -> float:
         opt.step()
         return (time.perf_counter() - start,)
 
-    seconds = _median_times(run)[0]  # the warm-up step allocates the optimizer state
+    # the warm-up step allocates the optimizer state; a median of at most OPTIMIZER_REPEATS
+    # steps (a few percent of a training step) is plenty
+    seconds = _median_times(run, max_repeats=OPTIMIZER_REPEATS)[0]
     for p in params:
         p.grad = None
     return seconds
@@ -315,8 +301,8 @@ WORLD_OF_ONE_WARMUP, WORLD_OF_ONE_TARGET_S = 1, 0.25
 
 
 def world_of_one_steps(step_s: float) -> int:
-    """Measured steps per strategy for a serial step of about ``step_s``: 3 to 8."""
-    return min(8, max(3, round(WORLD_OF_ONE_TARGET_S / max(step_s, 1e-9))))
+    """Measured steps per strategy for a serial step of about ``step_s``: 2 to 8."""
+    return min(8, max(2, round(WORLD_OF_ONE_TARGET_S / max(step_s, 1e-9))))
 
 
 def _time_world_of_one(args: dict) -> dict[str, float]:
@@ -385,7 +371,6 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         ]
         params = [p for p in net.parameters() if p.requires_grad]
         optimizer_s = {kind: _time_optimizer(params, kind) for kind in OPTIMIZERS}
-        average_s = _time_flat_average(params)  # last: it re-points the parameters
     finally:
         torch.set_num_threads(saved_threads)
     others = _others_share(load_before, _cpu_seconds(), time.perf_counter() - started)
@@ -401,7 +386,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         blocks=block_profiles, loss_s=whole["loss_s"], data_s=whole["data_s"],
         optimizer_s=optimizer_s, baseline_rss_bytes=memory["rss"], baseline_peak_rss_bytes=memory["peak"],
         train_peak_rss_bytes=memory["train_peaks"], profile_seconds=time.perf_counter() - started,
-        other_load=others, options=options, average_s=average_s, world_of_one_s=memory["world_of_one"],
+        other_load=others, options=options, world_of_one_s=memory["world_of_one"],
         world_of_one_batch=min(batch_sizes),
     )
 
