@@ -217,6 +217,21 @@ def test_measured_sharing_and_sync_enter_data_parallel_steps(mlp_profile, cluste
     assert predict_plan(mlp_profile, measured, fsdp).comm_s - unsynced.comm_s == pytest.approx(0.002)
 
 
+def test_pipeline_micro_batches_pay_gradient_accumulation_and_scaling(mlp_profile, cluster):
+    """Micro-batches after the first add their gradients into .grad, and the schedule divides
+    them by M once a step: passes over the gradients costed as the measured plain SGD step."""
+    hw = dataclasses.replace(cluster, compute_speed=1.0, compute_sharing={}, sync_s={})
+    base = dataclasses.replace(mlp_profile, world_of_one_s={})  # no replica wrapper, no loop overhead
+    dearer = dataclasses.replace(base, optimizer_s={**base.optimizer_s, "sgd": base.optimizer_s["sgd"] + 0.001})
+
+    def extra(microbatches: int) -> float:  # one rank runs every action in turn: the step is their sum
+        plan = Plan("hybrid", workers=1, batch_size=16, microbatches=microbatches, schedule="1f1b", threads=1)
+        return predict_plan(dearer, hw, plan).seconds_per_step - predict_plan(base, hw, plan).seconds_per_step
+
+    assert extra(4) == pytest.approx(0.001 * (3 + 2 / 3))  # 3 accumulations, one scaling (2/3 of a pass)
+    assert extra(1) == pytest.approx(0.0, abs=1e-12)  # one micro-batch: nothing to add up or scale
+
+
 def test_world_of_one_timings_are_reproduced_value_by_value(mlp_profile, cluster):
     """The profile's own training-loop timings on one worker are oracles: the predictions of
     those very plans must give them back, and the overheads they show carry to bigger worlds."""

@@ -68,6 +68,14 @@ def optimizer_time(profile: ModelProfile, kind: str, blocks: range | None = None
     return whole * sum(own[i] for i in blocks) / sum(own) if sum(own) > 0 else 0.0
 
 
+def gradient_pass_time(profile: ModelProfile, blocks: range) -> float:
+    """One elementwise pass over ``blocks``' gradients that reads two tensors and writes one:
+    autograd adding a micro-batch's gradient into an existing ``.grad`` (AccumulateGrad). It is
+    the memory traffic of a plain SGD step (``p.add_(grad, alpha=-lr)``), so it costs what the
+    profile measured for that step on those blocks."""
+    return optimizer_time(profile, "sgd", blocks)
+
+
 def optimizer_kind(optimizer: str, momentum: float) -> str:
     if optimizer == "adam":
         return "adam"

@@ -342,8 +342,13 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     b = _microbatch(plan)
     fwd, bwd = compute.stage_times(profile, bounds, b, plan.recompute)
     action = hw.pipeline_action_s  # the runtime's own cost per micro-batch action, measured on this hardware
-    fwd, bwd = tuple(t / env.speed + action for t in fwd), tuple(t / env.speed + action for t in bwd)
-    n = len(bounds)
+    n, m = len(bounds), plan.microbatches
+    # every micro-batch after the first adds its parameter gradients into .grad (AccumulateGrad),
+    # spread here evenly over the stage's m backwards; once the step's backwards are done the
+    # schedule divides every gradient by m (scale_grads): one read and one write, 2/3 of that pass
+    grad_pass = [compute.gradient_pass_time(profile, range(*bounds[s])) for s in range(n)]
+    fwd = tuple(t / env.speed + action for t in fwd)
+    bwd = tuple((t + grad_pass[s] * (m - 1) / m) / env.speed + action for s, t in enumerate(bwd))
     rank = lambda s: (s % plan.pp) * plan.dp  # noqa: E731  (global rank of replica 0's stage s)
     out = [compute.at(profile, profile.blocks[e - 1].out_bytes, b) for _, e in bounds]
     send_fwd = tuple(stage_transfer_time(hw, out[s], rank(s), rank(s + 1)) if s < n - 1 else 0.0 for s in range(n))
@@ -360,8 +365,11 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
         dp_ranks = [rank(stages[0]) + d for d in range(plan.dp)]
         reduce = collective_time(hw, "ddp_allreduce", grad_bytes, dp_ranks)  # hybrid: replicas' gradients
         opt = compute.optimizer_time(profile, kind, blocks) / env.speed
-        # the schedule's per-step bookkeeping, the loop's own, and a hybrid's replica wrapper on its blocks
-        own = hw.pipeline_step_s + compute.loop_time(profile) / env.speed + wrapper * grad_bytes / max(1, profile.param_bytes)
+        scale = sum(grad_pass[s] for s in stages) * 2 / 3 / env.speed if m > 1 else 0.0
+        # the schedule's per-step bookkeeping and gradient scaling, the loop's own, and a hybrid's
+        # replica wrapper on its blocks
+        own = (hw.pipeline_step_s + scale + compute.loop_time(profile) / env.speed
+               + wrapper * grad_bytes / max(1, profile.param_bytes))
         runtime = StepWork("runtime", own)
         after.append((runtime, StepWork("allreduce", reduce, cpu=False), StepWork("optimizer", opt)))
     return PipelineCosts(fwd, bwd, send_fwd, send_bwd, tuple(before), tuple(after))

@@ -45,7 +45,7 @@ from partrain.profile.hardware import JsonProfile, fingerprint, profile_dir
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
 MIN_REPEATS, MAX_REPEATS, TARGET_S = 3, 50, 0.25  # timed runs per measurement: at least 3, about 0.25 s
-OPTIMIZER_REPEATS = 20
+OPTIMIZER_REPEATS = 10
 
 
 @dataclass
