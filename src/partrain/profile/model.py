@@ -14,7 +14,7 @@ keyed by model, dataset, batch sizes, threads and the hardware fingerprint, and 
 every later prediction. Cost: about four forward/backward passes of the model per batch
 size (an instrumented one, which also warms the block up, then at least three timed), plus
 the memory probe: a fresh process (it imports torch) taking two serial steps per batch
-size, then 3 to 9 steps (about 0.25 s measured after 1 of warm-up) of partrain's own
+size, then 3 to 65 steps (about 0.1 s measured after 1 of warm-up) of partrain's own
 training loop per strategy on a world of one at the smallest batch size (``world_of_one_s``:
 what DDP, the averager and the pipelining runtime cost beyond the serial loop, measured
 rather than modelled).
@@ -131,9 +131,15 @@ def _median_times(run: Callable[[], tuple[float, ...]], warm_up: bool = True,
     samples: list[tuple[float, ...]] = []
     while len(samples) < MIN_REPEATS or (sum(map(sum, samples)) < TARGET_S and len(samples) < max_repeats):
         samples.append(run())
+    return [_lower_half_median([s[i] for s in samples]) for i in range(len(samples[0]))]
+
+
+def _lower_half_median(samples: list[float]) -> float:
+    """The lower of the medians of the first and the second half of ``samples`` (the median
+    of all when there are fewer than four): a burst of other work in one half does not move it."""
     half = len(samples) // 2
     halves = [samples[:half], samples[half:]] if half >= 2 else [samples]
-    return [min(statistics.median(s[i] for s in part) for part in halves) for i in range(len(samples[0]))]
+    return min(statistics.median(part) for part in halves)
 
 
 def _timed(fn: Callable[[], object]) -> Callable[[], tuple[float]]:
@@ -296,13 +302,15 @@ def baseline_probe() -> None:
 
 
 WORLD_OF_ONE = ("serial", "ddp", "local-sgd", "hybrid")  # hybrid: pp 1 x dp 1, 1F1B over 2 micro-batches
-# the first step is left out (the median shrugs off a second slow one); the measured ones take about 0.25 s
-WORLD_OF_ONE_WARMUP, WORLD_OF_ONE_TARGET_S = 1, 0.25
+# the first step is left out (the median shrugs off a second slow one); the measured ones take
+# about 0.1 s: 2 steps of a big model, up to 64 of a millisecond one, whose overheads are small
+# differences of short steps that a burst of other work can swamp in a few samples
+WORLD_OF_ONE_WARMUP, WORLD_OF_ONE_TARGET_S, WORLD_OF_ONE_MAX_STEPS = 1, 0.1, 64
 
 
 def world_of_one_steps(step_s: float) -> int:
-    """Measured steps per strategy for a serial step of about ``step_s``: 2 to 8."""
-    return min(8, max(2, round(WORLD_OF_ONE_TARGET_S / max(step_s, 1e-9))))
+    """Measured steps per strategy for a serial step of about ``step_s``: 2 to 64."""
+    return min(WORLD_OF_ONE_MAX_STEPS, max(2, round(WORLD_OF_ONE_TARGET_S / max(step_s, 1e-9))))
 
 
 def _time_world_of_one(args: dict) -> dict[str, float]:
@@ -327,7 +335,7 @@ def _time_world_of_one(args: dict) -> dict[str, float]:
                 continue
             extra = dict(pp=1, dp=1, microbatches=2, schedule="1f1b")
         result = train_worker(RunConfig(strategy=strategy, **base, **extra), LaunchInfo("none"), show_progress=False)
-        out[strategy] = statistics.median(result.step_seconds[WORLD_OF_ONE_WARMUP:])
+        out[strategy] = _lower_half_median(result.step_seconds[WORLD_OF_ONE_WARMUP:])
     torch.set_num_threads(args["threads"])
     return out
 
