@@ -202,6 +202,19 @@ def test_compute_sharing_fit_from_the_probe():
     assert sync[3] == 0.0  # faster than a hot allreduce: no cost beyond it
 
 
+def test_measured_sharing_never_beats_processor_sharing(mlp_profile, cluster):
+    """A probe can catch whole short bursts between time slices; four busy single-threaded
+    workers on two cores still get half a core each."""
+    mlp_profile = dataclasses.replace(mlp_profile, world_of_one_s={})
+    two_cores = dataclasses.replace(cluster, cores_per_node=2, workers_per_node=4, nodes=1, compute_speed=1.0)
+    plan = Plan("ddp", workers=4, batch_size=64, dp=4, threads=1)
+    fair = predict_plan(mlp_profile, dataclasses.replace(two_cores, compute_sharing={4: 2.0}), plan)
+    lucky = predict_plan(mlp_profile, dataclasses.replace(two_cores, compute_sharing={4: 1.3}), plan)
+    slower = predict_plan(mlp_profile, dataclasses.replace(two_cores, compute_sharing={4: 2.5}), plan)
+    assert lucky.compute_s == pytest.approx(fair.compute_s)
+    assert slower.compute_s == pytest.approx(fair.compute_s * 2.5 / 2.0)
+
+
 def test_measured_sharing_and_sync_enter_data_parallel_steps(mlp_profile, cluster):
     mlp_profile = dataclasses.replace(mlp_profile, world_of_one_s={})  # no measured overheads: comm is the collectives
     plan = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)

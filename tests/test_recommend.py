@@ -144,6 +144,8 @@ def test_recommendation_outcomes_score_the_pick_against_the_measured_fastest(cap
     assert (outcome.plans, outcome.picked, outcome.best) == (3, "ddp x2", "local-sgd x2")
     assert outcome.regret == pytest.approx(0.013 / 0.012 - 1) and outcome.tie
     assert outcome.tau == pytest.approx(1 / 3)  # pairs: (serial, ddp) +, (serial, lsgd) +, (ddp, lsgd) -
+    # (ddp, lsgd) repeats overlap: a tie in the measured order, tau-b = 2 / sqrt(2 * 3)
+    assert outcome.tau_within_noise == pytest.approx(2 / 6**0.5)
     summary = summarize_outcomes([outcome])
     assert summary["hit_rate"] == 0.0 and summary["hit_rate_within_noise"] == 1.0
     apart = [*cases[:2], case("local-sgd x2", "local-sgd", 2, 0.010, 0.011, (0.0099, 0.0101))]

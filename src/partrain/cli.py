@@ -507,7 +507,8 @@ def _report_recommendations(report, as_json: bool) -> int:
             print(f"{words}: {s['groups']} jobs, top-1 hit rate {s['hit_rate']:.0%} "
                   f"({s['hit_rate_within_noise']:.0%} counting picks the benchmark's repeats cannot tell from the "
                   f"fastest), regret mean {s['mean_regret']:.1%} (worst {s['worst_regret']:.1%}), "
-                  f"Kendall tau {s['kendall_tau']:.2f}")
+                  f"Kendall tau {s['kendall_tau']:.2f} ({s['kendall_tau_within_noise']:.2f} with pairs whose repeats "
+                  "overlap counted as ties)")
     print(f"profiling cost {report.profile_cost():.1%} of the benchmark time of the cells it predicts")
     return 0
 

@@ -290,13 +290,14 @@ def recommendation_table(rec: Recommendation, top: int = 8):
 # ---- how right the recommender was: its pick against the benchmark store ---------------------
 
 
-def kendall_tau(xs: list[float], ys: list[float]) -> float:
+def kendall_tau(xs: list[float], ys: list[float], y_tied: Callable[[int, int], bool] | None = None) -> float:
     """Kendall's tau-b between two orderings (ties in either count as neither concordant nor
-    discordant; Kendall 1945). NaN when either side is all ties."""
+    discordant; Kendall 1945). ``y_tied(i, j)`` declares more pairs of ``ys`` tied (e.g. two
+    measurements the benchmark's noise cannot order). NaN when either side is all ties."""
     concordant = discordant = ties_x = ties_y = 0
     for i in range(len(xs)):
         for j in range(i + 1, len(xs)):
-            dx, dy = xs[i] - xs[j], ys[i] - ys[j]
+            dx, dy = xs[i] - xs[j], 0.0 if y_tied and y_tied(i, j) else ys[i] - ys[j]
             if dx == 0 and dy == 0:
                 continue
             if dx == 0:
@@ -322,6 +323,7 @@ class GroupOutcome:
     regret: float  # picked's measured time / best's - 1
     tau: float
     tie: bool = False  # picked is not best, but the benchmark cannot tell them apart: their repeats overlap
+    tau_within_noise: float = float("nan")  # tau with measured pairs whose repeats overlap counted as ties
 
 
 def measured_tie(a, b) -> bool:
@@ -361,12 +363,15 @@ def recommendation_outcomes(cases, max_workers=(2, 4), include_async: bool = Fal
                 picked.measured_s / best.measured_s - 1,
                 kendall_tau([c.predicted_s for c in cands], [c.measured_s for c in cands]),
                 picked is not best and measured_tie(picked, best),
+                kendall_tau([c.predicted_s for c in cands], [c.measured_s for c in cands],
+                            lambda i, j: measured_tie(cands[i], cands[j])),
             ))
     return outcomes
 
 
 def summarize_outcomes(outcomes: list[GroupOutcome]) -> dict:
     taus = [o.tau for o in outcomes if not math.isnan(o.tau)]
+    noisy_taus = [o.tau_within_noise for o in outcomes if not math.isnan(o.tau_within_noise)]
     regrets = [o.regret for o in outcomes]
     return {
         "groups": len(outcomes),
@@ -377,4 +382,6 @@ def summarize_outcomes(outcomes: list[GroupOutcome]) -> dict:
         "mean_regret": sum(regrets) / len(regrets) if regrets else float("nan"),
         "worst_regret": max(regrets, default=float("nan")),
         "kendall_tau": sum(taus) / len(taus) if taus else float("nan"),
+        # pairs the benchmark cannot order (their repeats overlap) counted as ties
+        "kendall_tau_within_noise": sum(noisy_taus) / len(noisy_taus) if noisy_taus else float("nan"),
     }

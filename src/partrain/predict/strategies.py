@@ -189,9 +189,11 @@ class _Env:
     def slowdown(self, busy_workers_per_node: float) -> float:
         """Compute time of a worker while ``busy_workers_per_node`` compute on its node, over
         its time alone: measured by the hardware profile for single-threaded workers (cores,
-        SMT siblings and memory bandwidth shared), else processor sharing of the cores."""
+        SMT siblings and memory bandwidth shared), never below processor sharing of the cores
+        (more busy threads than cores cannot each run faster than cores / threads of one)."""
         measured = self.sharing.get(round(busy_workers_per_node)) if self.threads == 1 else None
-        return (measured or compute.contention(busy_workers_per_node * self.threads, self.cores)) / self.speed
+        shared = compute.contention(busy_workers_per_node * self.threads, self.cores)
+        return max(measured or 1.0, shared) / self.speed
 
 
 def _env(hw: HardwareProfile, plan: Plan) -> _Env:
