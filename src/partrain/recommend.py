@@ -150,6 +150,10 @@ class Recommendation:
         }
 
 
+def _workers(n: int) -> str:
+    return f"{n} worker{'s' * (n != 1)}"
+
+
 def _shares(p: Prediction) -> str:
     parts = {"compute": p.compute_s, "exposed communication": p.comm_s, "pipeline bubble": p.bubble_s,
              "optimizer": p.optimizer_s, "data loading": p.data_s}
@@ -258,14 +262,14 @@ def _what_if(rec: Recommendation, fits: list[Prediction], too_big: list[Predicti
     for scale, words in ((0.1, "a 10x faster link"), (10.0, "a 10x slower link")):
         alt = _rank(fits, objective, comm_scale=scale)[0]
         if alt.plan != winner.plan:
-            notes.append(f"With {words}, {alt.plan.label()} on {alt.plan.workers} workers would win.")
+            notes.append(f"With {words}, {alt.plan.label()} on {_workers(alt.plan.workers)} would win.")
     if not any(n.startswith("With a 10x") for n in notes):
         notes.append("A 10x faster or slower link would not change the choice.")
     faster_if_bigger = [p for p in too_big if p.seconds_per_epoch < winner.seconds_per_epoch]
     if faster_if_bigger and objective == "time":
         best = min(faster_if_bigger, key=lambda p: p.seconds_per_epoch)
         notes.append(f"With {gib(best.memory_bytes_per_worker)} of memory per worker, {best.plan.label()} on "
-                     f"{best.plan.workers} workers would be {winner.seconds_per_epoch / best.seconds_per_epoch - 1:.0%} faster.")
+                     f"{_workers(best.plan.workers)} would be {winner.seconds_per_epoch / best.seconds_per_epoch - 1:.0%} faster.")
     return notes
 
 
