@@ -497,14 +497,15 @@ def _report_recommendations(report, as_json: bool) -> int:
         print(json.dumps({mode: {"summary": summaries[mode], "groups": [o.__dict__ for o in outcomes]}
                           for mode, outcomes in modes.items()}))
         return 0
-    for mode, title in (("synchronous", "recommend (plans that train as serial does)"),
-                        ("with_async", "recommend --async (local SGD competes too)")):
+    named = (("synchronous", "recommend", "plans that train as serial does"),
+             ("with_async", "recommend --async", "local SGD competes too"))
+    for mode, command, what in named:
         if modes[mode]:
-            _print_table(_outcome_table(modes[mode], f"{title}: the pick against the measured fastest"))
-    for mode, words in (("synchronous", "recommend"), ("with_async", "recommend --async")):
+            _print_table(_outcome_table(modes[mode], f"{command} ({what}): the pick against the measured fastest"))
+    for mode, command, _ in named:
         s = summaries[mode]
         if s["groups"]:
-            print(f"{words}: {s['groups']} jobs, top-1 hit rate {s['hit_rate']:.0%} "
+            print(f"{command}: {s['groups']} jobs, top-1 hit rate {s['hit_rate']:.0%} "
                   f"({s['hit_rate_within_noise']:.0%} counting picks the benchmark's repeats cannot tell from the "
                   f"fastest), regret mean {s['mean_regret']:.1%} (worst {s['worst_regret']:.1%}), "
                   f"Kendall tau {s['kendall_tau']:.2f} ({s['kendall_tau_within_noise']:.2f} with pairs whose repeats "

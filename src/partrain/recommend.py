@@ -362,30 +362,29 @@ def recommendation_outcomes(cases, max_workers=(2, 4), include_async: bool = Fal
                 continue
             picked = min(cands, key=lambda c: c.predicted_s)
             best = min(cands, key=lambda c: c.measured_s)
+            predicted, measured = [c.predicted_s for c in cands], [c.measured_s for c in cands]
             outcomes.append(GroupOutcome(
                 f"{model}/{dataset} batch {batch}, up to {w} workers", len(cands), picked.label, best.label,
-                picked.measured_s / best.measured_s - 1,
-                kendall_tau([c.predicted_s for c in cands], [c.measured_s for c in cands]),
+                picked.measured_s / best.measured_s - 1, kendall_tau(predicted, measured),
                 picked is not best and measured_tie(picked, best),
-                kendall_tau([c.predicted_s for c in cands], [c.measured_s for c in cands],
-                            lambda i, j: measured_tie(cands[i], cands[j])),
+                kendall_tau(predicted, measured, lambda i, j: measured_tie(cands[i], cands[j])),
             ))
     return outcomes
 
 
 def summarize_outcomes(outcomes: list[GroupOutcome]) -> dict:
-    taus = [o.tau for o in outcomes if not math.isnan(o.tau)]
-    noisy_taus = [o.tau_within_noise for o in outcomes if not math.isnan(o.tau_within_noise)]
-    regrets = [o.regret for o in outcomes]
+    def mean(values) -> float:
+        values = [v for v in values if not math.isnan(v)]
+        return sum(values) / len(values) if values else float("nan")
+
     return {
         "groups": len(outcomes),
-        "hit_rate": sum(o.picked == o.best for o in outcomes) / len(outcomes) if outcomes else float("nan"),
+        "hit_rate": mean([float(o.picked == o.best) for o in outcomes]),
         # a pick whose repeats overlap the fastest's counts: the benchmark cannot order the two
-        "hit_rate_within_noise": (sum(o.picked == o.best or o.tie for o in outcomes) / len(outcomes)
-                                  if outcomes else float("nan")),
-        "mean_regret": sum(regrets) / len(regrets) if regrets else float("nan"),
-        "worst_regret": max(regrets, default=float("nan")),
-        "kendall_tau": sum(taus) / len(taus) if taus else float("nan"),
+        "hit_rate_within_noise": mean([float(o.picked == o.best or o.tie) for o in outcomes]),
+        "mean_regret": mean([o.regret for o in outcomes]),
+        "worst_regret": max((o.regret for o in outcomes), default=float("nan")),
+        "kendall_tau": mean([o.tau for o in outcomes]),
         # pairs the benchmark cannot order (their repeats overlap) counted as ties
-        "kendall_tau_within_noise": sum(noisy_taus) / len(noisy_taus) if noisy_taus else float("nan"),
+        "kendall_tau_within_noise": mean([o.tau_within_noise for o in outcomes]),
     }

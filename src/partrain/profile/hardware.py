@@ -134,7 +134,6 @@ class HardwareProfile(JsonProfile):
         )
 
 
-
 def write_json(path: Path, data: dict) -> Path:
     """Write atomically: a reader never sees half a profile."""
     path.parent.mkdir(parents=True, exist_ok=True)

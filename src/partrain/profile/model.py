@@ -90,7 +90,7 @@ class ModelProfile(JsonProfile):
     profile_seconds: float = 0.0
     other_load: float = 0.0  # share of the machine's CPU other processes used while profiling
     options: dict = field(default_factory=dict)
-    world_of_one_s: dict[str, float] = field(default_factory=dict)  # median step of partrain's training loop, per strategy
+    world_of_one_s: dict[str, float] = field(default_factory=dict)  # step of partrain's training loop, per strategy
     world_of_one_batch: int = 0  # the batch size world_of_one_s ran at
 
     def overhead_s(self, strategy: str) -> float:
@@ -112,7 +112,6 @@ class ModelProfile(JsonProfile):
         blocks = [BlockProfile(**b) for b in d["blocks"]]
         known = {f.name for f in fields(cls)}  # profiles saved by earlier versions may carry retired keys
         return cls(**{**{k: v for k, v in d.items() if k in known}, "blocks": blocks})
-
 
 
 # ---- measuring ----------------------------------------------------------------------------
@@ -314,7 +313,7 @@ def world_of_one_steps(step_s: float) -> int:
 
 
 def _time_world_of_one(args: dict) -> dict[str, float]:
-    """Median step time of partrain's own training loop (``train.train_worker``, as a
+    """Step time (the lower of its halves' medians) of partrain's own training loop (``train.train_worker``, as a
     benchmark cell runs it) on a world of one, per strategy in ``WORLD_OF_ONE``, at the
     smallest profiled batch size: what each strategy's machinery costs beyond the serial
     loop, which the blocks' times cannot show. Runs in the probe process, after the memory
@@ -343,7 +342,7 @@ def _time_world_of_one(args: dict) -> dict[str, float]:
 def measure_memory(model: str, dataset: str, input_shape, num_classes: int, batch_sizes: list[int], threads: int,
                    data_dir, synthetic: bool, options: dict, world_of_one_steps: int = 0) -> dict:
     """``baseline_probe``'s figures: {"rss", "peak", "train_peaks" (one per batch size),
-    "world_of_one" (median step per strategy over ``world_of_one_steps`` steps after warm-up;
+    "world_of_one" (step per strategy, the lower of its halves' medians, over ``world_of_one_steps`` steps after warm-up;
     not measured when 0)}."""
     args = {"model": model, "dataset": dataset, "input_shape": list(input_shape), "num_classes": num_classes,
             "batch_sizes": batch_sizes, "threads": threads, "data_dir": None if data_dir is None else str(data_dir),
