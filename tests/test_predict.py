@@ -22,7 +22,7 @@ from partrain.predict.comm import collective_time, transfer_time
 from partrain.predict import compute
 from partrain.predict.compute import interpolate
 from partrain.predict.memory import optimizer_state_bytes, stage_state
-from partrain.predict.pipeline_sim import PipelineCosts, StepWork, schedule_order, simulate
+from partrain.predict.pipeline_sim import PipelineCosts, StepWork, processor_sharing, schedule_order, simulate
 from partrain.predict.strategies import ddp_buckets, overlapped_allreduce, profile_batch_sizes, stage_bounds
 from partrain.predict.validate import Report, plot_scatter, row_config, spearman, validate
 from partrain.profile.collectives import CostFit, fit_cost
@@ -170,10 +170,29 @@ def test_processor_sharing_slows_concurrent_compute():
     # GPipe with one micro-batch per stage and no dependencies between ranks' steady work:
     # two ranks computing at once on one core take twice as long as on two cores
     p, m = 2, 8
-    free = simulate(schedule_order("gpipe", p, m), _equal_stages(p), cpu_slots=2)
-    shared = simulate(schedule_order("gpipe", p, m), _equal_stages(p), cpu_slots=1)
+    free = simulate(schedule_order("gpipe", p, m), _equal_stages(p), processor_sharing(cpu_slots=2))
+    shared = simulate(schedule_order("gpipe", p, m), _equal_stages(p), processor_sharing(cpu_slots=1))
     assert shared.step_s > free.step_s * 1.5
     assert shared.step_s <= 2 * free.step_s + 1e-9
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_measured_sharing_slows_only_concurrent_compute(schedule):
+    p, m = 2, 4
+    alone = simulate(schedule_order(schedule, p, m), _equal_stages(p))
+    # every action slowed by 1.5 whatever computes beside it: the whole timeline stretches by 1.5
+    assert simulate(schedule_order(schedule, p, m), _equal_stages(p), lambda k: 1.5).step_s == pytest.approx(1.5 * alone.step_s)
+    # slowed only while both ranks compute: the fill and drain, where one rank computes, stay at full speed
+    pair = simulate(schedule_order(schedule, p, m), _equal_stages(p), lambda k: 1.5 if k > 1 else 1.0)
+    assert alone.step_s < pair.step_s < 1.5 * alone.step_s
+
+
+def test_measured_sharing_enters_pipeline_plans(mlp_profile, cluster):
+    two_cores = dataclasses.replace(cluster, cores_per_node=2, workers_per_node=2, nodes=1, compute_speed=1.0)
+    plan = Plan("1f1b", workers=2, batch_size=64, microbatches=4, schedule="1f1b", pp=2, threads=1)
+    free = predict_plan(mlp_profile, dataclasses.replace(two_cores, compute_sharing={2: 1.0}), plan)
+    shared = predict_plan(mlp_profile, dataclasses.replace(two_cores, compute_sharing={2: 1.5}), plan)
+    assert free.seconds_per_step < shared.seconds_per_step < 1.5 * free.seconds_per_step
 
 
 # ---- data parallel ------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 EPS = 1e-12
@@ -186,11 +187,22 @@ def _build_ops(orders, costs: PipelineCosts, steps: int, rank_of: dict[int, int]
     return ranks
 
 
-def simulate(orders: list[list[Action]], costs: PipelineCosts, cpu_slots: float = math.inf, steps: int = 4) -> SimResult:
+def no_sharing(computing: int) -> float:
+    return 1.0
+
+
+def processor_sharing(cpu_slots: float) -> Callable[[int], float]:
+    """``cpu_slots`` actions compute at full speed at once; more share them equally."""
+    return lambda computing: max(1.0, computing / cpu_slots)
+
+
+def simulate(orders: list[list[Action]], costs: PipelineCosts, slowdown: Callable[[int], float] = no_sharing,
+             steps: int = 4) -> SimResult:
     """Run ``steps`` steps of the schedule ``orders`` (one action list per rank).
 
-    ``cpu_slots``: how many actions may compute at full speed at once (cores / threads per
-    worker / pipeline replicas sharing the cores); more running actions share them equally.
+    ``slowdown(k)``: how many times longer each of ``k`` actions computing at once takes than
+    it would alone (the cores, caches and memory bandwidth they share); communication waits
+    and is never slowed.
     """
     n_stages = len(costs.fwd)
     n_ranks = len(orders)
@@ -249,7 +261,8 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, cpu_slots: float 
                 else:
                     running[r] = op
         computing = sum(op.cpu for op in running.values())
-        rate = {r: min(1.0, cpu_slots / computing) if op.cpu else 1.0 for r, op in running.items()}
+        shared = 1.0 / slowdown(computing) if computing else 1.0
+        rate = {r: shared if op.cpu else 1.0 for r, op in running.items()}
         upcoming = [at for r in range(n_ranks) if r not in running and idx[r] < len(ranks[r])
                     if (at := ready_at(ranks[r][idx[r]])) is not None and at > t + EPS]
         ends = [t + op.left / rate[r] for r, op in running.items()]

@@ -186,14 +186,18 @@ class _Env:
     sync_s: float  # FSDP: one synchronisation after computing, beyond its collectives (measured; 0 if not).
     # DDP, local SGD and hybrid replicas use ``ddp_allreduce``, measured as DDP drives it, which includes it
 
-    def slowdown(self, busy_workers_per_node: float) -> float:
+    def sharing_slowdown(self, busy_workers_per_node: float) -> float:
         """Compute time of a worker while ``busy_workers_per_node`` compute on its node, over
         its time alone: measured by the hardware profile for single-threaded workers (cores,
-        SMT siblings and memory bandwidth shared), never below processor sharing of the cores
-        (more busy threads than cores cannot each run faster than cores / threads of one)."""
+        SMT siblings, caches and memory bandwidth shared), never below processor sharing of
+        the cores (more busy threads than cores cannot each run faster than cores / threads of one)."""
         measured = self.sharing.get(round(busy_workers_per_node)) if self.threads == 1 else None
         shared = compute.contention(busy_workers_per_node * self.threads, self.cores)
-        return max(measured or 1.0, shared) / self.speed
+        return max(measured or 1.0, shared)
+
+    def slowdown(self, busy_workers_per_node: float) -> float:
+        """``sharing_slowdown`` on this hardware's compute speed."""
+        return self.sharing_slowdown(busy_workers_per_node) / self.speed
 
 
 def _env(hw: HardwareProfile, plan: Plan) -> _Env:
@@ -395,9 +399,11 @@ def _pipeline(profile: ModelProfile, hw: HardwareProfile, plan: Plan, wrapper: f
         wrapper = _replica_wrapper_s(profile, hw) if plan.kind == "hybrid" else 0.0
     costs = _pipeline_costs(profile, hw, plan, bounds, env, wrapper)
     orders = schedule_order(plan.schedule or "gpipe", plan.pp, plan.microbatches, plan.stages_per_worker)
-    cpu_slots = env.cores * env.nodes_used / (env.threads * plan.dp)  # dp replicas run the same timeline
-    sim = simulate(orders, costs, cpu_slots)
-    no_transfer = simulate(orders, costs.without_transfers(), cpu_slots)
+    # k actions of the simulated timeline computing at once are k busy workers on each of its dp
+    # replicas, which run the same timeline side by side, spread over the nodes the plan uses
+    sharing = lambda k: env.sharing_slowdown(k * plan.dp / env.nodes_used)  # noqa: E731
+    sim = simulate(orders, costs, sharing)
+    no_transfer = simulate(orders, costs.without_transfers(), sharing)
     busy = sim.busy[0]  # rank 0: the worker whose step time the training loop reports
     compute_s = busy.get("F", 0.0) + busy.get("B", 0.0) + busy.get("runtime", 0.0)
     comm = busy.get("allreduce", 0.0) + max(0.0, sim.step_s - no_transfer.step_s)  # what the transfers add

@@ -348,15 +348,22 @@ def measure_pipeline_action(group, device, width: int = 64, microbatches: int = 
     return max(0.0, ((many - one) / (microbatches - 1) - _median_of(plain)) / 2)
 
 
-def _mean_of(run, repeats: int) -> float:
-    """Wall seconds per call over ``repeats`` calls in a row, after one warm-up call. Where
-    more workers than cores compute, the scheduler lets each run whole short calls between
-    waits of a time slice: the median call looks unshared, the mean over the run does not."""
+def _seconds_per_call_side_by_side(run, seconds: float, group, device) -> float:
+    """Wall seconds per call of ``run``, called in a loop on every rank of ``group`` at once
+    for ``seconds`` of wall time, averaged over the ranks. Where more workers than cores
+    compute, the scheduler lets each run whole short calls between waits of a time slice:
+    the median call looks unshared, and so does one rank's first few calls, which may run
+    while others wait for a core. A fixed window on every rank keeps them all competing
+    throughout, and the mean over ranks is what each gets on average."""
     run()
-    start = time.perf_counter()
-    for _ in range(repeats):
+    dist.barrier(group)
+    start, calls = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
         run()
-    return (time.perf_counter() - start) / repeats
+        calls += 1
+    per_call = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64, device=device)
+    dist.all_reduce(per_call, group=group)
+    return per_call.item() / dist.get_world_size(group)
 
 
 def _median_of(run, repeats: int = 50) -> float:
@@ -404,34 +411,39 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
     return {"steps": steps, "stage_s": stage_s, "message_bytes": 2 * width * 4}
 
 
-def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int = 20) -> dict:
+def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int = 20, window_s: float = 0.5) -> dict:
     """How the node runs its workers' compute side by side, and what a synchronisation after
     computing costs. Every rank of ``group`` calls this; its rank 0's timings are returned.
 
-    One fixed piece of single-threaded compute (matrix products, calibrated by rank 0 alone
-    to about ``target_s``) is timed three ways: on rank 0 alone while the others wait
-    (``alone_s``); on every rank at once (``together_s``: sharing cores, SMT siblings and
-    memory bandwidth, which a core count alone does not tell); and on every rank at once,
-    each followed by a 4-byte allreduce (``synced_s``). ``synced_s - together_s`` is what one
+    One fixed piece of single-threaded compute, calibrated by rank 0 alone to about
+    ``target_s``, is timed three ways. It is a training kernel: a 3x3 convolution's forward and
+    backward on 8 x 32 x 28 x 28 activations, a few MB live, beyond a core's own cache. (A
+    product of small cache-resident matrices shared 4 workers on 2 cores at exactly 2.0x;
+    this convolution, a 1024 x 1024 product and partrain's cnn all ran 2.2-2.4x slower side
+    by side: each time slice starts on a cold cache.) The three ways: on rank 0 alone while
+    the others wait (``alone_s``); on every rank at once for ``window_s`` (``together_s``,
+    averaged over the ranks: sharing cores, SMT siblings, caches and memory bandwidth, which a
+    core count alone does not tell); and on every rank at once, each followed by a 4-byte
+    allreduce (``synced_s``). ``synced_s - together_s`` is what one
     synchronisation point of a training step costs beyond the computation: the slowest
     rank's lead, and waking ranks that went idle waiting, which on a virtual machine takes
     far longer than a collective between busy ranks.
     """
-    a = torch.randn(192, 192, device=device)
-    c = torch.empty_like(a)
+    conv = torch.nn.Conv2d(32, 32, 3, padding=1).to(device)
+    x = torch.randn(8, 32, 28, 28, device=device, requires_grad=True)
     rank = dist.get_rank(group)
 
     def burn(n: int):
         for _ in range(n):
-            torch.mm(a, a, out=c)
+            conv(x).sum().backward()
 
     count = torch.tensor([0], device=device)
     if rank == 0:
-        burn(20)
+        burn(3)
         start, n = time.perf_counter(), 0
         while time.perf_counter() - start < 0.05:
-            burn(10)
-            n += 10
+            burn(1)
+            n += 1
         count[0] = max(1, round(n * target_s / (time.perf_counter() - start)))
     dist.broadcast(count, dist.get_global_rank(group, 0), group=group)
     n = int(count.item())
@@ -439,7 +451,7 @@ def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int
     dist.barrier(group)
     alone = _median_of(lambda: burn(n), repeats) if rank == 0 else 0.0
     dist.barrier(group)
-    together = _mean_of(lambda: burn(n), repeats)  # a mean: time slices of oversubscribed cores included
+    together = _seconds_per_call_side_by_side(lambda: burn(n), window_s, group, device)
     dist.barrier(group)
     synced = _median_of(lambda: (burn(n), dist.all_reduce(token, group=group)), repeats)
     dist.barrier(group)
