@@ -18,9 +18,11 @@ Transfers are rendezvous, as gloo's point-to-point messages are: a message moves
 sender has issued it and the receiver has posted the matching receive (which the runtime
 does when it reaches the action that needs it), and then takes the boundary's transfer time;
 they occupy no worker. At the end of a step a rank waits until its sends were received
-(the runtime waits on its send requests before returning from ``step``). Compute shares the CPU cores: when more
-actions compute at once than there are cores for their threads, each runs at
-cores / (threads x running) of full speed (processor sharing; Kleinrock, "Queueing Systems",
+(the runtime waits on its send requests before returning from ``step``). Actions computing
+at once share the machine: each runs ``slowdown(k)`` times longer while k compute. The
+predictor passes the slowdown the hardware profile measured for k workers side by side
+(caches and memory bandwidth shared), never less than processor sharing of the cores:
+cores / (threads x k) of full speed when they do not suffice (Kleinrock, "Queueing Systems",
 vol. 2, 1976). Several consecutive steps are simulated and the steady-state period of
 rank 0 is the step time, as the training loop measures it there. The bubble is nothing
 but the idle time this produces: no closed-form formula is used.
