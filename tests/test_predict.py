@@ -22,7 +22,7 @@ from partrain.predict.comm import collective_time, transfer_time
 from partrain.predict import compute
 from partrain.predict.compute import interpolate
 from partrain.predict.memory import optimizer_state_bytes, stage_state
-from partrain.predict.pipeline_sim import PipelineCosts, StepWork, processor_sharing, schedule_order, simulate
+from partrain.predict.pipeline_sim import PipelineCosts, StepWork, schedule_order, simulate
 from partrain.predict.strategies import ddp_buckets, overlapped_allreduce, profile_batch_sizes, stage_bounds
 from partrain.predict.validate import Report, plot_scatter, row_config, spearman, validate
 from partrain.profile.collectives import CostFit, fit_cost
@@ -170,8 +170,8 @@ def test_processor_sharing_slows_concurrent_compute():
     # GPipe with one micro-batch per stage and no dependencies between ranks' steady work:
     # two ranks computing at once on one core take twice as long as on two cores
     p, m = 2, 8
-    free = simulate(schedule_order("gpipe", p, m), _equal_stages(p), processor_sharing(cpu_slots=2))
-    shared = simulate(schedule_order("gpipe", p, m), _equal_stages(p), processor_sharing(cpu_slots=1))
+    free = simulate(schedule_order("gpipe", p, m), _equal_stages(p), lambda k: compute.contention(k, cores=2))
+    shared = simulate(schedule_order("gpipe", p, m), _equal_stages(p), lambda k: compute.contention(k, cores=1))
     assert shared.step_s > free.step_s * 1.5
     assert shared.step_s <= 2 * free.step_s + 1e-9
 

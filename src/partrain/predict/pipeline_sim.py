@@ -193,11 +193,6 @@ def no_sharing(computing: int) -> float:
     return 1.0
 
 
-def processor_sharing(cpu_slots: float) -> Callable[[int], float]:
-    """``cpu_slots`` actions compute at full speed at once; more share them equally."""
-    return lambda computing: max(1.0, computing / cpu_slots)
-
-
 def simulate(orders: list[list[Action]], costs: PipelineCosts, slowdown: Callable[[int], float] = no_sharing,
              steps: int = 4) -> SimResult:
     """Run ``steps`` steps of the schedule ``orders`` (one action list per rank).
