@@ -26,7 +26,7 @@ from partrain import __version__, checkpoint
 from partrain.config import RunConfig
 from partrain.data import load_dataset
 from partrain.distributed.context import DistContext, build_mesh
-from partrain.distributed.launch import LaunchInfo, device_for, init_process_group, set_threads
+from partrain.distributed.launch import LaunchInfo, device_for, init_process_group, keep_freed_memory, set_threads
 from partrain.errors import PartrainError
 from partrain.events import EventLog
 from partrain.models import build_model, count_parameters, model_blocks
@@ -95,6 +95,7 @@ def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
 
 def train_worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool = True) -> RunResult | None:
     """Run ``cfg`` as the worker ``info`` describes; returns the result on rank 0."""
+    keep_freed_memory()  # no page faults on every step's fresh activations
     threads = set_threads(cfg.threads, info.local_world_size, announce=show_progress and info.rank == 0)
     backend = init_process_group(info, cfg.backend, cfg.timeout_s, needed=cfg.strategy != "serial")
     try:

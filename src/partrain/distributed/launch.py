@@ -15,6 +15,8 @@ set, else the first host of the Slurm node list, else 127.0.0.1 (single node). R
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import re
 import socket
@@ -129,6 +131,35 @@ def set_threads(requested: int | None, local_world_size: int, announce: bool = F
             file=sys.stderr,
         )
     return threads
+
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc's largest accepted value on 64-bit
+
+
+def keep_freed_memory() -> bool:
+    """Tell glibc's allocator to keep freed memory in the process for reuse; True if it took.
+
+    By default glibc serves blocks past a dynamic threshold (at most 32 MB) with fresh
+    ``mmap`` pages and hands the top of the heap back to the OS whenever a free leaves more
+    than twice that at the top. A training step frees all its activations at the end of
+    backward, so the next step faults every page of them in again: on this 2-core VM a
+    world-of-one GPipe step of partrain's cnn on CIFAR-10 (batch 128, 4 micro-batches, about
+    40 MB of activations in flight) took 139 ms, and 93-97 ms with memory kept; a serial step
+    of the same batch is about 95 ms. Keeping it costs nothing the peak resident set size
+    (what partrain reports) does not already count. The usual cure on CPU is jemalloc or
+    tcmalloc via ``LD_PRELOAD``; this does it from inside, for every worker and the
+    profiler alike, so profiles and runs see the same allocator. No-op off glibc.
+    """
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False  # not glibc (macOS, musl without mallopt): its allocator as it is
+    # fixed thresholds: the trim threshold out of reach, the mmap threshold at its maximum
+    return bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)) and bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX))
 
 
 def init_process_group(info: LaunchInfo, backend: str | None, timeout_s: float, needed: bool = True) -> str:

@@ -235,8 +235,9 @@ def _tier_plans(world: int, local: int) -> list[tuple[str, int, list[list[int]],
 @record
 def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict | None:
     """One worker of ``profile --hardware``; rank 0 returns the measurements."""
-    from partrain.distributed.launch import detect_launcher, device_for, init_process_group
+    from partrain.distributed.launch import detect_launcher, device_for, init_process_group, keep_freed_memory
 
+    keep_freed_memory()  # as a training worker does
     info = detect_launcher()
     torch.set_num_threads(threads)
     before = _rss_bytes()

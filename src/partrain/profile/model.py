@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from partrain.data import load_dataset
+from partrain.distributed.launch import keep_freed_memory
 from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
 from partrain.profile.hardware import JsonProfile, fingerprint, profile_dir
@@ -281,6 +282,7 @@ def baseline_probe() -> None:
     args = json.loads(sys.argv[1])
     import partrain.runner  # noqa: F401  (a worker imports the training machinery)
 
+    keep_freed_memory()  # as a training worker does
     torch.set_num_threads(args["threads"])
     data = dict(data_dir=args["data_dir"], synthetic=args["synthetic"])
     train_set = load_dataset(args["dataset"], "train", **data)
@@ -362,6 +364,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         raise PartrainError(f"--batch-sizes must be positive integers, got {batch_sizes}")
     batch_sizes, options = sorted(set(batch_sizes)), options or {}
     started, saved_threads, load_before = time.perf_counter(), torch.get_num_threads(), _cpu_seconds()
+    keep_freed_memory()  # the allocator a training worker runs with
     torch.set_num_threads(threads)
     try:
         train_set = load_dataset(dataset, "train", data_dir=data_dir, synthetic=synthetic, seed=seed)
