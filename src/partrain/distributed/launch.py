@@ -16,7 +16,6 @@ set, else the first host of the Slurm node list, else 127.0.0.1 (single node). R
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import re
 import socket
@@ -152,11 +151,9 @@ def keep_freed_memory() -> bool:
     tcmalloc via ``LD_PRELOAD``; this does it from inside, for every worker and the
     profiler alike, so profiles and runs see the same allocator. No-op off glibc.
     """
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols: libc's, without searching for it
+    except (OSError, AttributeError):
         return False  # not glibc (macOS, musl without mallopt): its allocator as it is
     # fixed thresholds: the trim threshold out of reach, the mmap threshold at its maximum
     return bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)) and bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX))
