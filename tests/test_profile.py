@@ -44,6 +44,15 @@ def test_model_profile_measures_every_block(mlp):
     assert len(mlp.train_peak_rss_bytes) == 2 and min(mlp.train_peak_rss_bytes) >= mlp.baseline_rss_bytes
 
 
+def test_step_statistic_shrugs_off_one_slow_sample():
+    lower = model_module._lower_half_median
+    assert lower([0.161, 0.329]) == 0.161  # two steps: one slow step does not count
+    assert lower([0.20, 0.10, 0.30]) == 0.20  # three: the median
+    # a burst of other work over the first half leaves the quiet half's median
+    assert lower([5.0, 6.0, 7.0, 1.0, 2.0, 3.0]) == 2.0
+    assert lower([1.0, 2.0, 3.0, 9.0, 9.0, 9.0]) == 2.0
+
+
 def test_model_profile_json_round_trip(mlp, tmp_path):
     path = mlp.save(tmp_path / "p.json")
     again = ModelProfile.load(path)
