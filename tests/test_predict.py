@@ -253,7 +253,7 @@ def test_pipeline_micro_batches_pay_gradient_accumulation_and_scaling(mlp_profil
     """Micro-batches after the first add their gradients into .grad, and the schedule divides
     them by M once a step: passes over the gradients costed as the measured plain SGD step."""
     hw = dataclasses.replace(cluster, compute_speed=1.0, compute_sharing={}, sync_s={})
-    base = dataclasses.replace(mlp_profile, world_of_one_s={})  # no replica wrapper, no loop overhead
+    base = dataclasses.replace(mlp_profile, world_of_one_s={})  # no loop overhead (one replica: no wrapper)
     dearer = dataclasses.replace(base, optimizer_s={**base.optimizer_s, "sgd": base.optimizer_s["sgd"] + 0.001})
 
     def extra(microbatches: int) -> float:  # one rank runs every action in turn: the step is their sum
@@ -269,15 +269,13 @@ def test_world_of_one_timings_are_reproduced_value_by_value(mlp_profile, cluster
     those very plans must give them back, and the overheads they show carry to bigger worlds."""
     hw = dataclasses.replace(cluster, compute_speed=1.0, compute_sharing={}, sync_s={})
     parts = compute.parts_step(mlp_profile, 4, "sgd-momentum")
-    ran = {"serial": parts + 0.0005, "ddp": parts + 0.0015, "local-sgd": parts + 0.0025, "hybrid": parts + 0.004}
+    ran = {"serial": parts + 0.0005, "ddp": parts + 0.0015, "local-sgd": parts + 0.0025}
     prof = dataclasses.replace(mlp_profile, world_of_one_s=ran, world_of_one_batch=4)
     one = dict(workers=1, batch_size=4, threads=1)
     assert compute.loop_time(prof) == pytest.approx(0.0005)
     assert predict_plan(prof, hw, Plan("serial", **one)).seconds_per_step == pytest.approx(ran["serial"])
     assert predict_plan(prof, hw, Plan("ddp", dp=1, **one)).seconds_per_step == pytest.approx(ran["ddp"])
     assert predict_plan(prof, hw, Plan("local-sgd", dp=1, **one)).seconds_per_step == pytest.approx(ran["local-sgd"])
-    hybrid = Plan("hybrid", microbatches=2, schedule="1f1b", **one)
-    assert predict_plan(prof, hw, hybrid).seconds_per_step == pytest.approx(ran["hybrid"])
     # on two workers DDP's and the averager's own work is still there
     two = dict(workers=2, batch_size=32, dp=2, threads=1)
     bare = dataclasses.replace(mlp_profile, world_of_one_s={})
@@ -285,6 +283,25 @@ def test_world_of_one_timings_are_reproduced_value_by_value(mlp_profile, cluster
         with_it = predict_plan(prof, hw, Plan(strategy, **two)).seconds_per_step
         without = predict_plan(bare, hw, Plan(strategy, **two)).seconds_per_step
         assert with_it - without == pytest.approx(0.0005 + extra)
+
+
+def test_hybrid_replicas_pay_the_measured_wrapper_shared_by_parameter_bytes(mlp_profile, cluster):
+    """Stages replicated over dp > 1 run inside fully_shard: each rank pays the profile's
+    whole-model wrapper cost times its stages' share of the parameter bytes; one replica is
+    not wrapped and pays nothing."""
+    hw = dataclasses.replace(cluster, compute_speed=1.0, compute_sharing={}, sync_s={})
+    bare = dataclasses.replace(mlp_profile, world_of_one_s={}, replica_wrapper_s=0.0)
+    wrapped = dataclasses.replace(bare, replica_wrapper_s=0.004)
+
+    def extra(**plan) -> float:
+        plan = Plan("hybrid", batch_size=32, schedule="1f1b", threads=1, **plan)
+        return predict_plan(wrapped, hw, plan).seconds_per_step - predict_plan(bare, hw, plan).seconds_per_step
+
+    assert extra(workers=2, pp=1, dp=2, microbatches=2) == pytest.approx(0.004)  # one stage: the whole model
+    assert extra(workers=2, pp=2, dp=1, microbatches=4) == 0.0
+    # two stages: the step waits for both ranks' share; the first stage holds fc1, most of the bytes
+    fc1 = mlp_profile.blocks[0].param_bytes / mlp_profile.param_bytes
+    assert 0.004 * fc1 - 1e-9 <= extra(workers=4, pp=2, dp=2, microbatches=4) <= 0.004 + 1e-9
 
 
 def test_interpolation_is_piecewise_linear_and_extrapolates():

@@ -343,7 +343,7 @@ def _microbatch(plan: Plan) -> float:
     return plan.batch_size / plan.dp / plan.microbatches
 
 
-def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, bounds, env: _Env, wrapper: float) -> PipelineCosts:
+def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, bounds, env: _Env) -> PipelineCosts:
     """Per-stage compute, boundary transfers, and each rank's work around the schedule."""
     b = _microbatch(plan)
     fwd, bwd = compute.stage_times(profile, bounds, b, plan.recompute)
@@ -361,6 +361,7 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     send_bwd = tuple(stage_transfer_time(hw, out[s - 1], rank(s), rank(s - 1)) if s > 0 else 0.0 for s in range(n))
     kind = compute.optimizer_kind(plan.optimizer, plan.momentum)
     data = compute.at(profile, profile.data_s, plan.batch_size / plan.dp) / env.speed
+    wrapper = profile.replica_wrapper_s if plan.dp > 1 else 0.0  # a hybrid wraps its stages only then
     before, after = [], []
     for r in range(plan.pp):
         stages = [s for s in range(n) if s % plan.pp == r]
@@ -373,31 +374,18 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
         opt = compute.optimizer_time(profile, kind, blocks) / env.speed
         scale = sum(grad_pass[s] for s in stages) * 2 / 3 / env.speed if m > 1 else 0.0
         # the schedule's per-step bookkeeping and gradient scaling, the loop's own, and a hybrid's
-        # replica wrapper on its blocks
-        own = (hw.pipeline_step_s + scale + compute.loop_time(profile) / env.speed
-               + wrapper * grad_bytes / max(1, profile.param_bytes))
+        # replica wrapper on its blocks (its cost over the whole model, shared by parameter bytes)
+        own = (hw.pipeline_step_s + scale
+               + (compute.loop_time(profile) + wrapper * grad_bytes / max(1, profile.param_bytes)) / env.speed)
         runtime = StepWork("runtime", own)
         after.append((runtime, StepWork("allreduce", reduce, cpu=False), StepWork("optimizer", opt)))
     return PipelineCosts(fwd, bwd, send_fwd, send_bwd, tuple(before), tuple(after))
 
 
-def _replica_wrapper_s(profile: ModelProfile, hw: HardwareProfile) -> float:
-    """What a hybrid's ``fully_shard`` replica wrapper costs a step over the whole model (unsharding
-    into and out of its flat parameters, the hooks): the profile's hybrid step on a world of one
-    (one stage, one replica, 1F1B over 2 micro-batches) less the same plan simulated without it."""
-    ran = profile.world_of_one_s.get("hybrid")
-    if ran is None:
-        return 0.0
-    plan = Plan("hybrid", workers=1, batch_size=profile.world_of_one_batch, microbatches=2, schedule="1f1b")
-    return max(0.0, ran - _pipeline(profile, hw, plan, wrapper=0.0).seconds_per_step)
-
-
-def _pipeline(profile: ModelProfile, hw: HardwareProfile, plan: Plan, wrapper: float | None = None) -> Prediction:
+def _pipeline(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Prediction:
     env = _env(hw, plan)
     bounds = stage_bounds(profile, plan)
-    if wrapper is None:
-        wrapper = _replica_wrapper_s(profile, hw) if plan.kind == "hybrid" else 0.0
-    costs = _pipeline_costs(profile, hw, plan, bounds, env, wrapper)
+    costs = _pipeline_costs(profile, hw, plan, bounds, env)
     orders = schedule_order(plan.schedule or "gpipe", plan.pp, plan.microbatches, plan.stages_per_worker)
     # k actions of the simulated timeline computing at once are k busy workers on each of its dp
     # replicas, which run the same timeline side by side, spread over the nodes the plan uses

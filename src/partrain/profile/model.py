@@ -16,12 +16,14 @@ size (an instrumented one, which also warms the block up, then at least three ti
 the memory probe: a fresh process (it imports torch) taking two serial steps per batch
 size, then 3 to 65 steps (about 0.1 s measured after 1 of warm-up) of partrain's own
 training loop per strategy on a world of one at the smallest batch size (``world_of_one_s``:
-what DDP, the averager and the pipelining runtime cost beyond the serial loop, measured
-rather than modelled).
+what DDP and the averager cost beyond the serial loop, measured rather than modelled), and
+half as many steps of the bare model against the same model inside a hybrid's replica wrapper
+(``replica_wrapper_s``).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -34,12 +36,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from partrain.data import load_dataset
-from partrain.distributed.launch import keep_freed_memory
+from partrain.distributed.launch import LaunchInfo, init_process_group, keep_freed_memory
 from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
 from partrain.profile.hardware import JsonProfile, fingerprint, profile_dir
@@ -88,6 +91,9 @@ class ModelProfile(JsonProfile):
     baseline_rss_bytes: int  # resident set of a fresh worker-like process: torch, data, model
     baseline_peak_rss_bytes: int  # its peak (loading data may peak above what stays)
     train_peak_rss_bytes: list[int]  # the same process's peak after serial SGD-momentum steps at each batch size
+    # what a hybrid's fully_shard replica wrapper adds to a step of the whole model on a world of one
+    # (required: a profile from before it was measured is measured again)
+    replica_wrapper_s: float
     profile_seconds: float = 0.0
     other_load: float = 0.0  # share of the machine's CPU other processes used while profiling
     options: dict = field(default_factory=dict)
@@ -302,11 +308,14 @@ def baseline_probe() -> None:
             F.cross_entropy(net(x), y).backward()
             opt.step()
         out["train_peaks"].append(_status_bytes("VmHWM"))
-    out["world_of_one"] = _time_world_of_one(args) if args["world_of_one_steps"] else {}
+    steps = args["world_of_one_steps"]
+    out["world_of_one"] = _time_world_of_one(args) if steps else {}
+    x, y = train_set.get(torch.arange(min(args["batch_sizes"])) % len(train_set))
+    out["replica_wrapper"] = _time_replica_wrapper(args, x, y, max(2, steps // 2)) if steps else 0.0
     print(json.dumps(out))
 
 
-WORLD_OF_ONE = ("serial", "ddp", "local-sgd", "hybrid")  # hybrid: pp 1 x dp 1, 1F1B over 2 micro-batches
+WORLD_OF_ONE = ("serial", "ddp", "local-sgd")
 # the first step is left out (the median shrugs off a second slow one); the measured ones take
 # about 0.1 s: 2 steps of a big model, up to 64 of a millisecond one, whose overheads are small
 # differences of short steps that a burst of other work can swamp in a few samples
@@ -325,7 +334,6 @@ def _time_world_of_one(args: dict) -> dict[str, float]:
     loop, which the blocks' times cannot show. Runs in the probe process, after the memory
     figures were taken."""
     from partrain.config import RunConfig
-    from partrain.distributed.launch import LaunchInfo
     from partrain.train import train_worker
 
     batch = min(args["batch_sizes"])
@@ -334,22 +342,53 @@ def _time_world_of_one(args: dict) -> dict[str, float]:
                 evaluate=False, threads=args["threads"], workers=1)
     out = {}
     for strategy in WORLD_OF_ONE:
-        extra = {}
-        if strategy == "hybrid":
-            if batch % 2:
-                continue
-            extra = dict(pp=1, dp=1, microbatches=2, schedule="1f1b")
-        result = train_worker(RunConfig(strategy=strategy, **base, **extra), LaunchInfo("none"), show_progress=False)
+        result = train_worker(RunConfig(strategy=strategy, **base), LaunchInfo("none"), show_progress=False)
         out[strategy] = _lower_half_median(result.step_seconds[WORLD_OF_ONE_WARMUP:])
     torch.set_num_threads(args["threads"])
     return out
+
+
+def _time_replica_wrapper(args: dict, x: torch.Tensor, y: torch.Tensor, steps: int) -> float:
+    """Seconds a step of the whole model gains inside the replica wrapper a ``hybrid`` puts on
+    each stage when dp > 1 (``strategies.pipeline``: ``fully_shard`` on a (replicate, shard=1)
+    mesh, parameters unsharded once per step): DTensor parameters, the hooks, the gradients'
+    copy into the reduction buffer and out of it, the optimizer stepping DTensors. Timed on a
+    world of one, bare model then wrapped, ``steps`` SGD-momentum steps each after a warm-up;
+    the allreduce between replicas is the hardware profile's. A world-of-one hybrid cannot show
+    this: with one replica the stage is not wrapped."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    init_process_group(LaunchInfo("none"), "gloo", timeout_s=300.0)
+    try:
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "shard"))
+        seconds = []
+        for wrapped in (False, True):
+            torch.manual_seed(0)
+            net = build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"])
+            if wrapped:
+                fully_shard(net, mesh=mesh, reshard_after_forward=False)
+            opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
+            samples = []
+            for _ in range(WORLD_OF_ONE_WARMUP + steps):
+                start = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(net(x), y).backward()
+                opt.step()
+                samples.append(time.perf_counter() - start)
+            seconds.append(_lower_half_median(samples[WORLD_OF_ONE_WARMUP:]))
+            del net, opt
+        return max(0.0, seconds[1] - seconds[0])
+    finally:
+        gc.collect()  # the wrapped module holds the mesh; free it before the group (see train.train_worker)
+        dist.destroy_process_group()
 
 
 def measure_memory(model: str, dataset: str, input_shape, num_classes: int, batch_sizes: list[int], threads: int,
                    data_dir, synthetic: bool, options: dict, world_of_one_steps: int = 0) -> dict:
     """``baseline_probe``'s figures: {"rss", "peak", "train_peaks" (one per batch size),
     "world_of_one" (step per strategy, the lower of its halves' medians, over ``world_of_one_steps`` steps after warm-up;
-    not measured when 0)}."""
+    not measured when 0), "replica_wrapper" (``_time_replica_wrapper``; 0 when not measured)}."""
     args = {"model": model, "dataset": dataset, "input_shape": list(input_shape), "num_classes": num_classes,
             "batch_sizes": batch_sizes, "threads": threads, "data_dir": None if data_dir is None else str(data_dir),
             "synthetic": synthetic, "options": options, "world_of_one_steps": world_of_one_steps}
@@ -399,7 +438,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         input_bytes=4 * int(torch.tensor(spec.input_shape).prod()), train_samples=len(train_set),
         blocks=block_profiles, loss_s=whole["loss_s"], data_s=whole["data_s"],
         optimizer_s=optimizer_s, baseline_rss_bytes=memory["rss"], baseline_peak_rss_bytes=memory["peak"],
-        train_peak_rss_bytes=memory["train_peaks"], profile_seconds=time.perf_counter() - started,
+        train_peak_rss_bytes=memory["train_peaks"], replica_wrapper_s=memory["replica_wrapper"], profile_seconds=time.perf_counter() - started,
         other_load=others, options=options, world_of_one_s=memory["world_of_one"],
         world_of_one_batch=min(batch_sizes),
     )
