@@ -353,35 +353,39 @@ def _time_replica_wrapper(args: dict, x: torch.Tensor, y: torch.Tensor, steps: i
     each stage when dp > 1 (``strategies.pipeline``: ``fully_shard`` on a (replicate, shard=1)
     mesh, parameters unsharded once per step): DTensor parameters, the hooks, the gradients'
     copy into the reduction buffer and out of it, the optimizer stepping DTensors. Timed on a
-    world of one, bare model then wrapped, ``steps`` SGD-momentum steps each after a warm-up;
-    the allreduce between replicas is the hardware profile's. A world-of-one hybrid cannot show
-    this: with one replica the stage is not wrapped."""
+    world of one, a new model bare and then wrapped in place, ``steps`` SGD-momentum steps each
+    after a warm-up; the allreduce between replicas is the hardware profile's. A world-of-one
+    hybrid cannot show this: with one replica the stage is not wrapped."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    net, mesh = build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"]), None
     init_process_group(LaunchInfo("none"), "gloo", timeout_s=300.0)
     try:
+        bare = _loop_step_s(net, x, y, steps)
         mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "shard"))
-        seconds = []
-        for wrapped in (False, True):
-            torch.manual_seed(0)
-            net = build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"])
-            if wrapped:
-                fully_shard(net, mesh=mesh, reshard_after_forward=False)
-            opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
-            samples = []
-            for _ in range(WORLD_OF_ONE_WARMUP + steps):
-                start = time.perf_counter()
-                opt.zero_grad(set_to_none=True)
-                F.cross_entropy(net(x), y).backward()
-                opt.step()
-                samples.append(time.perf_counter() - start)
-            seconds.append(_lower_half_median(samples[WORLD_OF_ONE_WARMUP:]))
-            del net, opt
-        return max(0.0, seconds[1] - seconds[0])
+        fully_shard(net, mesh=mesh, reshard_after_forward=False)
+        return max(0.0, _loop_step_s(net, x, y, steps) - bare)
     finally:
-        gc.collect()  # the wrapped module holds the mesh; free it before the group (see train.train_worker)
+        # the wrapped module holds the mesh, which holds the group: free them before the group
+        # goes (see train.train_worker)
+        net = mesh = None
+        gc.collect()
         dist.destroy_process_group()
+
+
+def _loop_step_s(net: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> float:
+    """A plain SGD-momentum training step of ``net`` on (x, y): the lower of its halves' medians
+    over ``steps`` steps after the warm-up (a fresh optimizer: ``fully_shard`` replaces the parameters)."""
+    opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
+    samples = []
+    for _ in range(WORLD_OF_ONE_WARMUP + steps):
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+        samples.append(time.perf_counter() - start)
+    return _lower_half_median(samples[WORLD_OF_ONE_WARMUP:])
 
 
 def measure_memory(model: str, dataset: str, input_shape, num_classes: int, batch_sizes: list[int], threads: int,
