@@ -23,10 +23,14 @@ from partrain.predict import compute
 from partrain.predict.compute import interpolate
 from partrain.predict.memory import optimizer_state_bytes, stage_state
 from partrain.predict.pipeline_sim import PipelineCosts, StepWork, schedule_order, simulate
-from partrain.predict.strategies import ddp_buckets, overlapped_allreduce, profile_batch_sizes, stage_bounds
-from partrain.predict.validate import Report, plot_scatter, row_config, spearman, validate
-from partrain.profile.collectives import CostFit, fit_cost
-from partrain.profile.hardware import fit_compute_sharing, load_cluster
+from partrain.predict.data_parallel import ddp_buckets, overlapped_allreduce
+from partrain.predict.pipeline import stage_bounds
+from partrain.predict.plan import profile_batch_sizes
+from partrain.report.plots import plot_scatter
+from partrain.validate import Report, row_config, spearman, validate
+from partrain.predict.cluster import load_cluster
+from partrain.predict.fits import CostFit, fit_cost
+from partrain.profile.hardware import fit_compute_sharing
 from partrain.profile.model import profile_model
 
 EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster.toml"
@@ -60,7 +64,7 @@ def test_fit_goes_piecewise_where_one_line_does_not_fit():
 
 
 def test_timings_are_made_monotone_before_the_fit():
-    from partrain.profile.collectives import monotone
+    from partrain.predict.fits import monotone
 
     assert monotone([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
     sizes = [16 * 4**k for k in range(8)]

@@ -10,11 +10,14 @@ import pytest
 
 from partrain.cli import main
 from partrain.errors import PartrainError
-from partrain.profile import hardware as hw_module
+from partrain.predict.cluster import load_cluster
+from partrain.predict.fits import COLLECTIVES, default_sizes
+from partrain.predict.profiles import HardwareProfile, ModelProfile
+from partrain.profile import cache as cache_module
 from partrain.profile import model as model_module
-from partrain.profile.collectives import COLLECTIVES, default_sizes
-from partrain.profile.hardware import HardwareProfile, fit_measurements, group_sizes, load_cluster, profile_hardware
-from partrain.profile.model import ModelProfile, load_or_profile, profile_model
+from partrain.profile.cache import load_or_profile
+from partrain.profile.hardware import fit_measurements, group_sizes, profile_hardware
+from partrain.profile.model import profile_model
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +88,7 @@ def test_cache_is_reused(tmp_path, monkeypatch, mlp):
     assert again == first
     other = load_or_profile("mlp", "mnist", [4, 16], 2, tmp_path, synthetic=True)[1]
     assert other != path and len(calls) == 2  # threads are part of the key
-    assert "t2" in other.name and hw_module.fingerprint() in other.name
+    assert "t2" in other.name and cache_module.fingerprint() in other.name
 
 
 def test_profile_cli_prints_and_caches(tmp_path, capsys):

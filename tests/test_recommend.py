@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from partrain.cli import main
-from partrain.profile.hardware import load_cluster
-from partrain.profile.model import load_or_profile
-from partrain.recommend import kendall_tau, needed_batch_sizes, parse_bytes, recommend, worker_counts
+from partrain.predict.cluster import load_cluster
+from partrain.profile.cache import load_or_profile
+from partrain.recommend import needed_batch_sizes, parse_bytes, recommend, worker_counts
+from partrain.validate import kendall_tau
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = """
@@ -124,8 +125,7 @@ def test_run_trains_the_plan_it_printed(tmp_path, profile_dir, data_dir, capsys)
 
 
 def test_recommendation_outcomes_score_the_pick_against_the_measured_fastest(capsys):
-    from partrain.predict.validate import Case
-    from partrain.recommend import recommendation_outcomes, summarize_outcomes
+    from partrain.validate import Case, recommendation_outcomes, summarize_outcomes
 
     def case(label, strategy, workers, measured, predicted, repeats):
         return Case(label, ("cnn", "mnist", 32, workers, 1), strategy, measured, predicted, 0, 0, 1.0, repeats)
@@ -154,8 +154,8 @@ def test_recommendation_outcomes_score_the_pick_against_the_measured_fastest(cap
 
 
     # validate --recommendations reports both ways recommend can rank
-    from partrain.cli import _report_recommendations
-    from partrain.predict.validate import Report
+    from partrain.commands.validate import _report_recommendations
+    from partrain.validate import Report
 
     assert _report_recommendations(Report(apart, 1.0, []), as_json=True) == 0
     out = json.loads(capsys.readouterr().out)

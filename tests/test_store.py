@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from partrain.bench.hardware import Hardware
+from partrain.predict.machine import Hardware
 from partrain.bench.runner import figures
 from partrain.bench.store import COLUMN_NAMES, COMPUTED, Outcome, Store, export_csv, export_json
 from partrain.bench.suite import Cell

@@ -12,22 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from partrain.errors import PartrainError
-
-# name -> (kind, one-line description). The kind decides how the worker grid is shaped.
-STRATEGIES: dict[str, tuple[str, str]] = {
-    "serial": ("serial", "one worker, the baseline every speedup is measured against"),
-    "ddp": ("data", "synchronous data parallel, bucketed allreduce overlapped with backward"),
-    "local-sgd": ("data", "independent replicas, parameters averaged every K steps or once an epoch"),
-    "fsdp": ("data", "sharded data parallel (ZeRO-3): parameters, gradients and optimizer state sharded"),
-    "model-parallel": ("pipeline", "consecutive layer groups on consecutive workers, one batch at a time"),
-    "gpipe": ("pipeline", "pipeline: all forwards then all backwards per batch"),
-    "1f1b": ("pipeline", "pipeline: one-forward-one-backward (PipeDream-Flush)"),
-    "hybrid": ("hybrid", "data parallel across pipeline replicas on a 2-D (pp x dp) device mesh"),
-    "hogwild": ("shared", "shared-memory workers updating one set of weights without locks"),
-}
-
-# Pipeline schedules by name. "interleaved-1f1b" needs several stages per worker.
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+from partrain.spec import SCHEDULES, SPECS, StrategySpec, strategy_spec
 
 
 @dataclass(frozen=True)
@@ -47,14 +32,6 @@ class ParallelDims:
                 f"pp x dp = {self.pp} x {self.dp} = {self.pp * self.dp} differs from the "
                 f"world size {self.world_size}: choose --pp and --dp whose product is --workers"
             )
-
-    @property
-    def pipeline(self) -> bool:
-        return self.pp > 1
-
-    @property
-    def data_parallel(self) -> bool:
-        return self.dp > 1
 
 
 @dataclass
@@ -103,10 +80,7 @@ class RunConfig:
     save_model: str | None = None  # file to write the trained model's full state_dict into
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise PartrainError(
-                f"unknown strategy {self.strategy!r}: choose one of {', '.join(STRATEGIES)}"
-            )
+        strategy_spec(self.strategy)  # names the choices when unknown
         positive = ["epochs", "batch_size", "workers", "stages_per_worker"]
         positive += [n for n in ("steps", "limit", "eval_limit", "microbatches", "threads") if getattr(self, n) is not None]
         for name in positive:
@@ -139,12 +113,13 @@ class RunConfig:
             raise PartrainError(f"--average-every must be at least 1, got {self.average_every}")
 
     def _check_parallel(self) -> None:
-        kind = STRATEGIES[self.strategy][0]
+        spec = self.spec
+        kind = spec.family
         if kind == "serial" and self.workers != 1:
             raise PartrainError(f"strategy serial runs on one worker, got --workers {self.workers}")
         if self.schedule is not None and self.schedule not in SCHEDULES:
             raise PartrainError(f"unknown schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
-        if self.schedule is not None and kind not in ("pipeline", "hybrid"):
+        if self.schedule is not None and not spec.pipelined:
             raise PartrainError(f"--schedule applies to pipeline strategies, not {self.strategy}")
         if self.stages_per_worker > 1 and self.pipeline_schedule != "interleaved-1f1b":
             raise PartrainError("--stages-per-worker > 1 needs --schedule interleaved-1f1b")
@@ -165,18 +140,22 @@ class RunConfig:
                 f"batch {self.batch_size // dims.dp} per pipeline is not divisible by "
                 f"{self.num_microbatches} micro-batches: choose a batch that is a multiple of it"
             )
-        if dims.pp > 1 and self.strategy != "model-parallel" and self.num_microbatches < dims.pp:
+        if dims.pp > 1 and spec.micro_batched and self.num_microbatches < dims.pp:
             raise PartrainError(
                 f"{self.num_microbatches} micro-batches for {dims.pp} pipeline stages: the "
                 f"{self.pipeline_schedule} schedule needs at least as many micro-batches as stages "
                 f"(--microbatches {dims.pp} or more)"
             )
-        if self.strategy == "model-parallel" and self.microbatches not in (None, 1):
-            raise PartrainError("model-parallel runs one batch at a time: use gpipe or 1f1b for micro-batches")
+        if spec.pipelined and not spec.micro_batched and self.microbatches not in (None, 1):
+            raise PartrainError(f"{self.strategy} runs one batch at a time: use gpipe or 1f1b for micro-batches")
+
+    @property
+    def spec(self) -> StrategySpec:
+        return SPECS[self.strategy]
 
     @property
     def kind(self) -> str:
-        return STRATEGIES[self.strategy][0]
+        return self.spec.family
 
     @property
     def dims(self) -> ParallelDims:
@@ -192,15 +171,13 @@ class RunConfig:
     @property
     def pipeline_schedule(self) -> str | None:
         """The schedule a pipeline run uses (model-parallel is GPipe with one micro-batch)."""
-        if self.kind not in ("pipeline", "hybrid"):
+        if not self.spec.pipelined:
             return None
-        if self.schedule is not None:
-            return self.schedule
-        return "gpipe" if self.strategy in ("gpipe", "model-parallel") else "1f1b"
+        return self.schedule if self.schedule is not None else self.spec.default_schedule
 
     @property
     def num_microbatches(self) -> int:
-        if self.kind not in ("pipeline", "hybrid") or self.strategy == "model-parallel":
+        if not self.spec.micro_batched:
             return 1
         return self.microbatches if self.microbatches is not None else 2 * self.dims.pp * self.stages_per_worker
 

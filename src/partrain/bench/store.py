@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from partrain import __version__
-from partrain.bench.hardware import Hardware
+from partrain.predict.machine import Hardware
 from partrain.bench.suite import Cell
 from partrain.errors import PartrainError
 

@@ -43,7 +43,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from partrain.config import STRATEGIES, RunConfig
+from partrain.config import RunConfig
+from partrain.spec import SPECS
 from partrain.data import dataset_spec
 from partrain.errors import PartrainError
 from partrain.models import list_models
@@ -177,8 +178,7 @@ class Suite:
         cells = []
         axes = itertools.product(self.models, self.datasets, self.batch_sizes, self.lrs, self.strategies, self.workers)
         for model, dataset, batch, lr, strategy, workers in axes:
-            pipelined = STRATEGIES[strategy][0] in ("pipeline", "hybrid") and strategy != "model-parallel"
-            for mb in (self.microbatches or (None,)) if pipelined else (None,):
+            for mb in (self.microbatches or (None,)) if SPECS[strategy].micro_batched else (None,):
                 for repeat in range(self.repeats):
                     cells.append(Cell(
                         model, dataset, strategy, workers, batch, mb, lr, repeat,
@@ -269,8 +269,8 @@ def _check_names(source: str, fields: dict) -> None:
         except PartrainError as err:
             raise PartrainError(f"{source}: {err}") from None
     for strategy in fields.get("strategies", ()):
-        if strategy not in STRATEGIES:
-            raise PartrainError(f"{source}: unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+        if strategy not in SPECS:
+            raise PartrainError(f"{source}: unknown strategy {strategy!r}; choose from {', '.join(SPECS)}")
 
 
 def load_suite(path: str | Path) -> Suite:

@@ -33,10 +33,6 @@ class DistContext:
         return self.info.world_size
 
     @property
-    def is_main(self) -> bool:
-        return self.info.rank == 0
-
-    @property
     def pp_rank(self) -> int:
         return self.mesh.get_local_rank("pp") if self.mesh is not None else 0
 

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from partrain.errors import PartrainError
+from partrain.spec import threads_per_worker
 
 DEFAULT_PORT = 29500
 
@@ -121,7 +122,7 @@ def set_threads(requested: int | None, local_world_size: int, announce: bool = F
     gets what they asked for, with a note on stderr (``announce``, rank 0) saying so.
     """
     cores = os.cpu_count() or 1
-    threads = requested if requested is not None else max(1, cores // local_world_size)
+    threads = threads_per_worker(cores, local_world_size, requested)
     torch.set_num_threads(threads)
     if announce and threads * local_world_size > cores:
         print(

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 
-from partrain.profile.collectives import CostFit
-from partrain.profile.hardware import HardwareProfile
+from partrain.predict.fits import CostFit
+from partrain.predict.profiles import HardwareProfile
 
 
 def algorithm_factors(name: str, p: int) -> tuple[float, float]:

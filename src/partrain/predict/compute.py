@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from partrain.profile.model import ModelProfile
+from partrain.predict.profiles import ModelProfile
 
 
 def interpolate(sizes: list[int], values: list[float], b: float) -> float:

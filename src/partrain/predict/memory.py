@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from partrain.predict.compute import at
-from partrain.profile.model import ModelProfile
+from partrain.predict.profiles import ModelProfile
 
 ADAM_STEP_BYTES = 4  # torch.optim.Adam's per-parameter 'step': a 0-d float32 tensor (capturable=False)
 

@@ -1,10 +1,4 @@
-"""Profiles the predictor reads: the model (per block, on one worker) and the hardware (collectives)."""
-
-from partrain.profile.collectives import CostFit, Segment, fit_cost, fit_line
-from partrain.profile.hardware import HardwareProfile, load_cluster, profile_dir, profile_hardware
-from partrain.profile.model import BlockProfile, ModelProfile, load_or_profile, profile_model
-
-__all__ = [
-    "BlockProfile", "CostFit", "HardwareProfile", "ModelProfile", "Segment", "fit_cost", "fit_line",
-    "load_cluster", "load_or_profile", "profile_dir", "profile_hardware", "profile_model",
-]
+"""Measuring with torch, on the device that will train: a model block by block
+(``model``), this machine's collectives (``collectives``, ``hardware``), and the cache every
+command reads profiles through (``cache``). What is measured is ``predict.profiles``'s
+dataclasses: this layer depends on the cost model, never the other way round."""

@@ -1,208 +1,30 @@
-"""The hardware profile: nodes, workers, memory, and fitted collective costs per link tier.
+"""Measuring this machine's hardware profile (``predict.profiles.HardwareProfile``).
 
-Two ways to get one:
-
-- ``profile_hardware(workers)`` measures this machine: it starts ``workers`` local workers
-  on the real backend (or, under torchrun/mpirun/srun, runs in the launched workers),
-  times every collective over message sizes with ``profile.collectives`` and fits
-  latency + size/bandwidth per collective, per group size and per link tier: ``intra``
-  (workers of one node) and, under a multi-node launcher, ``inter`` (one worker per node).
-- ``load_cluster(path)`` reads a cluster TOML describing hardware one does not have at hand
-  (see ``examples/cluster.toml``): links are given as bandwidth and latency, and every
-  collective is derived from them with the ring formulas in ``predict.comm``.
-
-Profiles are JSON files in the profile directory (``--profile-dir``, else
-``$PARTRAIN_PROFILE_DIR``, else ``~/.partrain/profiles``), named by worker count and the
-hardware fingerprint so a profile taken on other hardware is never reused by mistake.
+``profile_hardware(workers)`` starts ``workers`` local workers on the real backend (or,
+under torchrun/mpirun/srun, runs in the launched workers), times every collective over
+message sizes with ``profile.collectives`` and fits latency + size/bandwidth
+(``predict.fits``) per collective, per group size and per link tier: ``intra`` (workers of
+one node) and, under a multi-node launcher, ``inter`` (one worker per node). A cluster one
+does not have is read from TOML instead (``predict.cluster``); ``profile.cache`` keeps both.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from partrain.bench.hardware import fingerprint as machine
 from partrain.errors import PartrainError
+from partrain.predict.fits import CostFit, default_sizes, fit_cost
+from partrain.predict.machine import fingerprint as machine
+from partrain.predict.pipeline_sim import PipelineCosts, schedule_order, simulate
+from partrain.predict.profiles import HardwareProfile
 from partrain.profile.collectives import (
-    CostFit, background_load, default_sizes, fit_cost, measure_collectives, measure_compute_sharing,
-    measure_pipeline_action, measure_pipeline_hops,
+    background_load, measure_collectives, measure_compute_sharing, measure_pipeline_action, measure_pipeline_hops,
 )
-
-PROFILE_DIR_ENV = "PARTRAIN_PROFILE_DIR"
-DEFAULT_PROFILE_DIR = Path("~/.partrain/profiles")
-
-
-def profile_dir(path: str | os.PathLike | None = None) -> Path:
-    """Where profiles are cached: ``path``, else $PARTRAIN_PROFILE_DIR, else ~/.partrain/profiles."""
-    chosen = path if path is not None else os.environ.get(PROFILE_DIR_ENV) or DEFAULT_PROFILE_DIR
-    return Path(chosen).expanduser().absolute()
-
-
-def fingerprint() -> str:
-    """This machine's hardware hash, the one the results store keys its measurements by."""
-    return machine().hash
-
-
-class JsonProfile:
-    """Saving and loading for a profile dataclass with ``to_dict`` and ``from_dict``."""
-
-    kind = "profile"  # named in the error when a file cannot be read
-
-    def save(self, path: str | os.PathLike) -> Path:
-        return write_json(Path(path), self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike):
-        try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise PartrainError(f"{cls.kind} {path} is unreadable ({err}): delete it or profile again") from None
-
-
-@dataclass
-class HardwareProfile(JsonProfile):
-    """What the predictor knows about the hardware a job runs on."""
-
-    kind = "hardware profile"
-
-    fingerprint: str
-    description: str
-    backend: str
-    nodes: int
-    workers_per_node: int
-    cores_per_node: int  # CPU contention: more busy threads than this slows every worker
-    device_memory_bytes: int  # per GPU; on CPU, the host RAM that a node's workers share
-    shared_memory: bool  # True on CPU: a node's workers share device_memory_bytes
-    compute_speed: float = 1.0  # relative to the machine that measured the model profile
-    links: dict[str, CostFit] = field(default_factory=dict)  # tier -> point-to-point fit
-    collectives: dict[str, dict[int, dict[str, CostFit]]] = field(default_factory=dict)  # tier -> group size -> name -> fit
-    process_group_rss_bytes: int = 0  # resident memory a worker gains by joining the process group
-    pipeline_action_s: float = 0.0  # what the pipelining runtime adds to each micro-batch forward or backward
-    pipeline_step_s: float = 0.0  # what it adds once per step (splitting the batch, merging losses)
-    pipeline_hop_s: float | None = None  # latency of one message between stages inside the runtime
-    # k busy workers on a node -> their compute time over one worker's alone (measured; else k / cores)
-    compute_sharing: dict[int, float] = field(default_factory=dict)
-    # k workers -> what one synchronisation after computing costs beyond a collective between busy ranks
-    sync_s: dict[int, float] = field(default_factory=dict)
-    source: str = "measured"
-    notes: list[str] = field(default_factory=list)
-    points: dict = field(default_factory=dict)  # raw: tier -> group size -> name -> [[bytes, s]]; "pipeline": the probe
-
-    def memory_limit_per_worker(self, local_workers: int) -> int:
-        return self.device_memory_bytes // max(1, local_workers) if self.shared_memory else self.device_memory_bytes
-
-    def to_dict(self) -> dict:
-        return {
-            "fingerprint": self.fingerprint, "description": self.description, "backend": self.backend,
-            "nodes": self.nodes, "workers_per_node": self.workers_per_node, "cores_per_node": self.cores_per_node,
-            "device_memory_bytes": self.device_memory_bytes, "shared_memory": self.shared_memory,
-            "compute_speed": self.compute_speed,
-            "links": {tier: fit.to_dict() for tier, fit in self.links.items()},
-            "collectives": {
-                tier: {str(p): {name: fit.to_dict() for name, fit in fits.items()} for p, fits in sizes.items()}
-                for tier, sizes in self.collectives.items()
-            },
-            "process_group_rss_bytes": self.process_group_rss_bytes, "pipeline_action_s": self.pipeline_action_s,
-            "pipeline_step_s": self.pipeline_step_s, "pipeline_hop_s": self.pipeline_hop_s,
-            "compute_sharing": {str(k): v for k, v in self.compute_sharing.items()},
-            "sync_s": {str(k): v for k, v in self.sync_s.items()}, "source": self.source,
-            "notes": self.notes, "points": self.points,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> HardwareProfile:
-        return cls(
-            d["fingerprint"], d["description"], d["backend"], int(d["nodes"]), int(d["workers_per_node"]),
-            int(d["cores_per_node"]), int(d["device_memory_bytes"]), bool(d["shared_memory"]), float(d["compute_speed"]),
-            {tier: CostFit.from_dict(rows) for tier, rows in d["links"].items()},
-            {
-                tier: {int(p): {name: CostFit.from_dict(rows) for name, rows in fits.items()} for p, fits in sizes.items()}
-                for tier, sizes in d["collectives"].items()
-            },
-            int(d.get("process_group_rss_bytes", 0)), float(d.get("pipeline_action_s", 0.0)),
-            float(d.get("pipeline_step_s", 0.0)), d.get("pipeline_hop_s"),
-            {int(k): float(v) for k, v in d.get("compute_sharing", {}).items()},
-            {int(k): float(v) for k, v in d.get("sync_s", {}).items()},
-            d.get("source", "measured"), list(d.get("notes", [])), d.get("points", {}),
-        )
-
-
-def write_json(path: Path, data: dict) -> Path:
-    """Write atomically: a reader never sees half a profile."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
-    return path
-
-
-def hardware_path(directory: Path, workers: int) -> Path:
-    return directory / f"hardware-w{workers}-{fingerprint()}.json"
-
-
-# ---- cluster TOML -----------------------------------------------------------------------
-
-_GB = 1e9
-
-
-def _number(table: dict, key: str, where: str, default=None, positive=True) -> float:
-    value = table.get(key, default)
-    if value is None:
-        raise PartrainError(f"{where}: missing {key} (see examples/cluster.toml)")
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or (positive and value <= 0):
-        raise PartrainError(f"{where}: {key} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _link(table: dict | None, tier: str, path: str) -> CostFit:
-    where = f"{path} [{tier}]"
-    if table is None:
-        raise PartrainError(f"{where}: missing table (bandwidth_gb_per_s, latency_us); see examples/cluster.toml")
-    bandwidth = _number(table, "bandwidth_gb_per_s", where) * _GB
-    latency = _number(table, "latency_us", where, positive=False) * 1e-6
-    return CostFit.line(latency, bandwidth)
-
-
-def load_cluster(path: str | os.PathLike) -> HardwareProfile:
-    """A ``HardwareProfile`` from a cluster TOML file (see ``examples/cluster.toml``)."""
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise PartrainError(f"cluster file {path} not found") from None
-    except tomllib.TOMLDecodeError as err:
-        raise PartrainError(f"cluster file {path} is not valid TOML: {err}") from None
-    cluster = data.get("cluster")
-    if not isinstance(cluster, dict):
-        raise PartrainError(f"{path}: missing [cluster] table; see examples/cluster.toml")
-    where = f"{path} [cluster]"
-    nodes = int(_number(cluster, "nodes", where))
-    per_node = int(_number(cluster, "workers_per_node", where))
-    links = {"intra": _link(data.get("intra"), "intra", str(path))}
-    if nodes > 1:
-        links["inter"] = _link(data.get("inter"), "inter", str(path))
-    backend = cluster.get("backend", "nccl")
-    return HardwareProfile(
-        fingerprint=f"cluster:{path.name}",
-        description=str(cluster.get("name", path.stem)),
-        backend=backend,
-        nodes=nodes,
-        workers_per_node=per_node,
-        cores_per_node=int(_number(cluster, "cores_per_node", where, default=10**6)),
-        device_memory_bytes=int(_number(cluster, "device_memory_gb", where) * _GB),
-        shared_memory=bool(cluster.get("shared_memory", backend == "gloo")),
-        compute_speed=_number(cluster, "compute_speed", where, default=1.0),
-        links=links,
-        source=str(path),
-    )
-
 
 # ---- measuring this machine ---------------------------------------------------------------
 
@@ -290,8 +112,6 @@ def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200) -> tuple
     the smallest squared error wins. Absolute errors weigh the runs with more micro-batches,
     where messages cost the most, as in real schedules.
     """
-    from partrain.predict.pipeline_sim import PipelineCosts, schedule_order, simulate
-
     (f0, b0), (f1, b1) = probe["stage_s"]
     fwd, bwd = (f0 + action_s, f1 + action_s), (b0 + action_s, b1 + action_s)
     measured = [p["step_s"] for p in probe["steps"]]
@@ -362,52 +182,3 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         points=json.loads(json.dumps({**{tier: {str(k): v for k, v in by.items()} for tier, by in raw["tiers"].items()},
                                       "pipeline": raw["pipeline_probe"], "compute_sharing": raw["compute_sharing"]})),
     )
-
-
-def local_hardware() -> HardwareProfile:
-    """This machine without collective timings: enough for one worker, which communicates nothing."""
-    here = machine()
-    cuda = here.gpu_count > 0
-    return HardwareProfile(here.hash, here.describe(), here.backend, 1, 1, here.cpu_cores,
-                           here.memory_gib * 2**30, shared_memory=not cuda, source="local, no collectives measured")
-
-
-def hardware_for(workers: int, directory=None, refresh: bool = False) -> tuple[HardwareProfile, Path | None, bool]:
-    """This machine's hardware profile for ``workers`` local workers: (profile, path, reused).
-
-    One worker needs none. Otherwise the cached profile measured with ``workers`` workers,
-    or a new measurement, saved: with as many processes sharing the cores as the job will
-    have, collectives cost what they will cost in it.
-    """
-    if workers <= 1:
-        return local_hardware(), None, True
-    path = hardware_path(profile_dir(directory), workers)
-    if path.is_file() and not refresh:
-        return HardwareProfile.load(path), path, True
-    profile = profile_hardware(workers)
-    return profile, profile.save(path), False
-
-
-def hardware_table(hw: HardwareProfile):
-    """A rich table of the fitted collectives: latency and bandwidth per size range."""
-    from rich.table import Table
-
-    table = Table(title=f"{hw.description}: {hw.nodes} node(s) x {hw.workers_per_node} workers, {hw.backend}")
-    for name in ("tier", "ranks", "collective", "fit: latency + bytes / bandwidth, per size range"):
-        table.add_column(name)
-    for tier, by_size in hw.collectives.items():
-        for p, fits in sorted(by_size.items()):
-            for name, fit in fits.items():
-                table.add_row(tier, str(p), name, ";  ".join(_segment_text(s) for s in fit.segments))
-    for tier, link in hw.links.items():
-        if tier not in hw.collectives:
-            table.add_row(tier, "2", "link", _segment_text(link.segments[0]))
-    action = f"pipeline runtime: {hw.pipeline_action_s * 1e6:.0f} us per micro-batch action"
-    table.caption = "; ".join([action, *hw.notes])
-    return table
-
-
-def _segment_text(seg) -> str:
-    upto = "" if seg.upto_bytes == float("inf") else f"<= {seg.upto_bytes / 1024:g} KiB: "
-    bandwidth = "inf" if seg.seconds_per_byte == 0 else f"{seg.bandwidth / 1e9:.2f} GB/s"
-    return f"{upto}{seg.latency_s * 1e6:.0f} us + n / {bandwidth}"

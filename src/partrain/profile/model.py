@@ -9,7 +9,7 @@ resident memory of a fresh process that has imported torch, loaded the data and 
 the model (the baseline every worker's ``ru_maxrss`` starts from), and its peak after a few
 serial training steps at each batch size (what the allocator really holds for a step).
 
-Profiles are cached as JSON in the profile directory (``profile.hardware.profile_dir``),
+Profiles are cached as JSON in the profile directory (``profile.cache``),
 keyed by model, dataset, batch sizes, threads and the hardware fingerprint, and reused by
 every later prediction. Cost: about four forward/backward passes of the model per batch
 size (an instrumented one, which also warms the block up, then at least three timed), plus
@@ -32,7 +32,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -45,80 +44,13 @@ from partrain.data import load_dataset
 from partrain.distributed.launch import LaunchInfo, init_process_group, keep_freed_memory
 from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
-from partrain.profile.hardware import JsonProfile, fingerprint, profile_dir
+from partrain.predict.machine import fingerprint
+from partrain.predict.profiles import BlockProfile, ModelProfile
+from partrain.spec import SPECS
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
 MIN_REPEATS, MAX_REPEATS, TARGET_S = 3, 50, 0.25  # timed runs per measurement: at least 3, about 0.25 s
 OPTIMIZER_REPEATS = 10
-
-
-@dataclass
-class BlockProfile:
-    """One block; list fields hold one value per ``ModelProfile.batch_sizes`` entry."""
-
-    name: str
-    params: int
-    param_bytes: int
-    param_tensors: int
-    buffer_bytes: int
-    fwd_s: list[float]
-    bwd_s: list[float]
-    out_bytes: list[int]  # the block's output: what a pipeline stage boundary sends
-    saved_bytes: list[int]  # kept by autograd for backward, without parameters and the block's input
-    saves_input: bool  # backward also keeps the block's input
-    saves_output: bool  # saved_bytes includes the block's own output
-    flops: list[int]  # forward + backward
-    optimizer_s: dict[str, float]  # one optimizer step over this block's parameters alone
-
-
-@dataclass
-class ModelProfile(JsonProfile):
-    kind = "model profile"
-
-    model: str
-    dataset: str
-    synthetic: bool
-    batch_sizes: list[int]
-    threads: int
-    fingerprint: str
-    input_shape: list[int]
-    input_bytes: int  # one float32 sample
-    train_samples: int  # samples in the train split as loaded (an epoch's worth)
-    blocks: list[BlockProfile]
-    loss_s: list[float]  # cross-entropy forward + backward
-    data_s: list[float]  # loading one batch from the in-memory dataset
-    optimizer_s: dict[str, float]  # one step over all parameters, per optimizer
-    baseline_rss_bytes: int  # resident set of a fresh worker-like process: torch, data, model
-    baseline_peak_rss_bytes: int  # its peak (loading data may peak above what stays)
-    train_peak_rss_bytes: list[int]  # the same process's peak after serial SGD-momentum steps at each batch size
-    # what a hybrid's fully_shard replica wrapper adds to a step of the whole model on a world of one
-    # (required: a profile from before it was measured is measured again)
-    replica_wrapper_s: float
-    profile_seconds: float = 0.0
-    other_load: float = 0.0  # share of the machine's CPU other processes used while profiling
-    options: dict = field(default_factory=dict)
-    world_of_one_s: dict[str, float] = field(default_factory=dict)  # step of partrain's training loop, per strategy
-    world_of_one_batch: int = 0  # the batch size world_of_one_s ran at
-
-    def overhead_s(self, strategy: str) -> float:
-        """What ``strategy``'s machinery adds to a step on a world of one, over the serial
-        loop (DDP's hooks and bucket copies, the averager's flatten and unflatten, the
-        pipelining runtime and replica wrapper); 0 when not measured."""
-        ran = self.world_of_one_s
-        return max(0.0, ran[strategy] - ran["serial"]) if strategy in ran and "serial" in ran else 0.0
-
-    @property
-    def param_bytes(self) -> int:
-        return sum(b.param_bytes for b in self.blocks)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> ModelProfile:
-        blocks = [BlockProfile(**b) for b in d["blocks"]]
-        known = {f.name for f in fields(cls)}  # profiles saved by earlier versions may carry retired keys
-        return cls(**{**{k: v for k, v in d.items() if k in known}, "blocks": blocks})
 
 
 # ---- measuring ----------------------------------------------------------------------------
@@ -269,14 +201,6 @@ def _others_share(before: tuple[float, float], after: tuple[float, float], wall:
     return max(0.0, others / (wall * (os.cpu_count() or 1)))
 
 
-def busy_warning(profile: ModelProfile, threshold: float = 0.1) -> str | None:
-    """One line when other processes competed with the profiler for the CPU, else None."""
-    if profile.other_load < threshold:
-        return None
-    return (f"warning: other processes used {profile.other_load:.0%} of the CPU while {profile.model} was profiled; "
-            "its times may be inflated: profile again with --refresh when the machine is quiet")
-
-
 def _status_bytes(key: str) -> int:
     """A /proc/self/status memory figure. VmHWM, not ru_maxrss, for peaks: Linux carries
     ru_maxrss over exec from the parent process (here, the profiler)."""
@@ -315,7 +239,7 @@ def baseline_probe() -> None:
     print(json.dumps(out))
 
 
-WORLD_OF_ONE = ("serial", "ddp", "local-sgd")
+WORLD_OF_ONE = tuple(name for name, spec in SPECS.items() if spec.world_of_one_probe)
 # the first step is left out (the median shrugs off a second slow one); the measured ones take
 # about 0.1 s: 2 steps of a big model, up to 64 of a millisecond one, whose overheads are small
 # differences of short steps that a burst of other work can swamp in a few samples
@@ -438,7 +362,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
     whole = {key: [w[key] for _, w in per_batch] for key in per_batch[0][1]}
     return ModelProfile(
         model=model, dataset=dataset, synthetic=synthetic, batch_sizes=batch_sizes, threads=threads,
-        fingerprint=fingerprint(), input_shape=list(spec.input_shape),
+        fingerprint=fingerprint().hash, input_shape=list(spec.input_shape),
         input_bytes=4 * int(torch.tensor(spec.input_shape).prod()), train_samples=len(train_set),
         blocks=block_profiles, loss_s=whole["loss_s"], data_s=whole["data_s"],
         optimizer_s=optimizer_s, baseline_rss_bytes=memory["rss"], baseline_peak_rss_bytes=memory["peak"],
@@ -469,53 +393,3 @@ def _block_profile(name: str, block: nn.Module, rows: list[dict]) -> BlockProfil
         flops=[r["flops"] for r in rows],
         optimizer_s={kind: _time_optimizer([p for p in params if p.requires_grad], kind) for kind in OPTIMIZERS},
     )
-
-
-# ---- the cache ----------------------------------------------------------------------------
-
-
-def profile_path(directory: Path, model: str, dataset: str, batch_sizes: list[int], threads: int,
-                 synthetic: bool = False, options: dict | None = None) -> Path:
-    """The cache file of a profile: every part of the key is in the name."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
-    extra = "".join(f"-{k}={v}" for k, v in sorted((options or {}).items()))
-    data = f"{dataset}-synthetic" if synthetic else dataset
-    sizes = "_".join(map(str, sorted(set(batch_sizes))))
-    return directory / f"model-{slug}{extra}-{data}-b{sizes}-t{threads}-{fingerprint()}.json"
-
-
-def load_or_profile(model: str, dataset: str, batch_sizes: list[int], threads: int = 1, directory=None, data_dir=None,
-                    synthetic: bool = False, options: dict | None = None, refresh: bool = False) -> tuple[ModelProfile, Path, bool]:
-    """The cached profile for this key, or a new one saved there. Returns (profile, path, reused)."""
-    path = profile_path(profile_dir(directory), model, dataset, batch_sizes, threads, synthetic, options)
-    if path.is_file() and not refresh:
-        try:
-            return ModelProfile.load(path), path, True
-        except PartrainError:  # written by another partrain version: measure again
-            pass
-    profile = profile_model(model, dataset, batch_sizes, threads, data_dir, synthetic, options)
-    profile.save(path)
-    return profile, path, False
-
-
-def profile_table(profile: ModelProfile):
-    """A rich table of the blocks; each cell lists its value at every profiled batch size."""
-    from rich.table import Table
-
-    sizes = "/".join(map(str, profile.batch_sizes))
-    table = Table(title=f"{profile.model} on {profile.dataset}, batch {sizes}, {profile.threads} thread(s)")
-    for name in ("block", "params", "fwd ms", "bwd ms", "output KiB", "saved KiB", "MFLOP"):
-        table.add_column(name, justify="left" if name == "block" else "right")
-    join = lambda values, scale, fmt: " / ".join(format(v * scale, fmt) for v in values)  # noqa: E731
-    for blk in profile.blocks:
-        table.add_row(blk.name, f"{blk.params:,}", join(blk.fwd_s, 1e3, ".3f"), join(blk.bwd_s, 1e3, ".3f"),
-                      join(blk.out_bytes, 1 / 1024, ".0f"), join(blk.saved_bytes, 1 / 1024, ".0f"),
-                      join(blk.flops, 1e-6, ".1f"))
-    opt = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in profile.optimizer_s.items())
-    blocks = [sum(blk.fwd_s[i] + blk.bwd_s[i] for blk in profile.blocks) for i in range(len(profile.batch_sizes))]
-    table.caption = (f"blocks {join(blocks, 1e3, '.2f')} ms, loss {join(profile.loss_s, 1e3, '.3f')} ms, "
-                     f"data {join(profile.data_s, 1e3, '.3f')} ms, "
-                     f"optimizer ms: {opt}; baseline RSS {profile.baseline_rss_bytes / 2**20:.0f} MiB "
-                     f"(peak {profile.baseline_peak_rss_bytes / 2**20:.0f}); profiled in {profile.profile_seconds:.1f} s, "
-                     f"other processes used {profile.other_load:.0%} of the CPU meanwhile")
-    return table

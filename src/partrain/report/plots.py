@@ -13,10 +13,14 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import LogFormatter, ScalarFormatter
+
+if TYPE_CHECKING:
+    from partrain.validate import Report
 
 REGIME_COLOURS = {"perfect scaling": "#d9f0d3", "diminishing returns": "#fee8c8", "maximal data parallelism": "#f4cccc"}
 
@@ -152,3 +156,31 @@ def _workers_axes(axes, workers: list[int], *ylabels: str) -> None:
 
 def _batches(rows: list[dict]) -> str:
     return ", ".join(str(b) for b in sorted({r["batch_size"] for r in rows}))
+
+
+def plot_scatter(report: Report, path: str | Path) -> Path:
+    """Predicted against measured seconds per step, log-log, one colour per strategy, +-10% band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    for strategy in sorted({c.strategy for c in report.cases}):
+        pts = [(c.measured_s * 1e3, c.predicted_s * 1e3) for c in report.cases if c.strategy == strategy]
+        ax.scatter(*zip(*pts), label=f"{strategy} ({report.mape(strategy):.1%})", s=22)
+    values = [v * 1e3 for c in report.cases for v in (c.measured_s, c.predicted_s)]
+    lo, hi = min(values) / 1.3, max(values) * 1.3
+    ax.plot([lo, hi], [lo, hi], "k-", lw=1)
+    ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="grey", alpha=0.2, label="±10%")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_minor_formatter(NullFormatter())
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured ms/step", ylabel="predicted ms/step",
+           title=f"predicted vs measured, MAPE {report.mape():.1%} over {len(report.cases)} cells")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

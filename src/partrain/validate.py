@@ -1,4 +1,6 @@
-"""Predictions held against the results store: error per strategy, memory error, worst cases.
+"""Predictions and recommendations held against the results store.
+
+First the predictions: error per strategy, memory error, worst cases.
 
 Every successful cell measured on this hardware is predicted from a model profile (the
 cached one for its model, dataset, threads and batch sizes, measured now if missing) and
@@ -22,13 +24,16 @@ import json
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from partrain.config import RunConfig
-from partrain.predict.strategies import Plan, Prediction, predict_plan
-from partrain.profile.hardware import HardwareProfile
-from partrain.profile.model import ModelProfile
+from partrain.recommend import ASYNCHRONOUS
+from partrain.predict.plan import Plan
+from partrain.predict.prediction import Prediction
+from partrain.predict.predictor import predict_plan
+from partrain.predict.profiles import HardwareProfile
+from partrain.predict.profiles import ModelProfile
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(RunConfig)}
 
@@ -215,8 +220,8 @@ def validate(rows: list[dict], profile_for, hardware_for, fingerprint: str) -> R
         if key not in profiles:
             profiles[key], seconds = profile_for(cfg, sorted(wanted[key]))
             spent += seconds
-        if cfg.strategy == "hogwild":
-            skipped.append(f"{cfg.model}/{cfg.dataset} hogwild x{cfg.workers}: asynchronous, not validated")
+        if cfg.spec.shares_host_memory:  # its cost model leaves out the memory bandwidth the workers share
+            skipped.append(f"{cfg.model}/{cfg.dataset} {cfg.strategy} x{cfg.workers}: asynchronous, not validated")
             continue
         if cfg.workers not in hardware:
             hardware[cfg.workers] = hardware_for(cfg.workers)
@@ -229,55 +234,100 @@ def _profile_key(row: dict, cfg: RunConfig) -> tuple:
     return (cfg.model, cfg.dataset, cfg.synthetic, row["threads"] or cfg.threads, json.dumps(cfg.model_options, sort_keys=True))
 
 
-def plot_scatter(report: Report, path: str | Path) -> Path:
-    """Predicted against measured seconds per step, log-log, one colour per strategy, +-10% band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
-
-    fig, ax = plt.subplots(figsize=(6.5, 6))
-    for strategy in sorted({c.strategy for c in report.cases}):
-        pts = [(c.measured_s * 1e3, c.predicted_s * 1e3) for c in report.cases if c.strategy == strategy]
-        ax.scatter(*zip(*pts), label=f"{strategy} ({report.mape(strategy):.1%})", s=22)
-    values = [v * 1e3 for c in report.cases for v in (c.measured_s, c.predicted_s)]
-    lo, hi = min(values) / 1.3, max(values) * 1.3
-    ax.plot([lo, hi], [lo, hi], "k-", lw=1)
-    ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="grey", alpha=0.2, label="±10%")
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_minor_formatter(NullFormatter())
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured ms/step", ylabel="predicted ms/step",
-           title=f"predicted vs measured, MAPE {report.mape():.1%} over {len(report.cases)} cells")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+# ---- how right the recommender was: its pick against the benchmark store ---------------------
 
 
-def report_tables(report: Report, worst: int = 10):
-    """(per-strategy table, worst-cases table) as rich tables."""
-    from rich.table import Table
+def kendall_tau(xs: list[float], ys: list[float], y_tied: Callable[[int, int], bool] | None = None) -> float:
+    """Kendall's tau-b between two orderings (ties in either count as neither concordant nor
+    discordant; Kendall 1945). ``y_tied(i, j)`` declares more pairs of ``ys`` tied (e.g. two
+    measurements the benchmark's noise cannot order). NaN when either side is all ties."""
+    concordant = discordant = ties_x = ties_y = 0
+    for i in range(len(xs)):
+        for j in range(i + 1, len(xs)):
+            dx, dy = xs[i] - xs[j], 0.0 if y_tied and y_tied(i, j) else ys[i] - ys[j]
+            if dx == 0 and dy == 0:
+                continue
+            if dx == 0:
+                ties_x += 1
+            elif dy == 0:
+                ties_y += 1
+            elif (dx > 0) == (dy > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    denom = math.sqrt((concordant + discordant + ties_x) * (concordant + discordant + ties_y))
+    return (concordant - discordant) / denom if denom else float("nan")
 
-    summary = Table(title=f"time per step: MAPE {report.mape():.1%} over {len(report.cases)} cells; "
-                          f"memory MAPE {report.memory_mape():.1%}")
-    for name in ("strategy", "cells", "MAPE", "worst", "repeat noise"):
-        summary.add_column(name, justify="left" if name == "strategy" else "right")
-    floor = lambda f: "-" if math.isnan(f) else f"{f:.1%}"  # noqa: E731
-    for strategy, (n, mape, top, noise) in report.per_strategy().items():
-        summary.add_row(strategy, str(n), f"{mape:.1%}", f"{top:.1%}", floor(noise))
-    summary.add_row("all", str(len(report.cases)), f"{report.mape():.1%}", f"{max(abs(c.error) for c in report.cases):.1%}",
-                    floor(report.noise_floor()))
-    rank = report.ranking()
-    summary.caption = (f"fastest strategy picked right in {rank['hit_rate']:.0%} of {rank['groups']} groups, "
-                       f"regret {rank['regret']:.1%}, Spearman {rank['spearman']:.2f}; "
-                       f"profiles cost {report.profile_cost():.1%} of the cells' wall time")
-    cases = Table(title=f"worst {worst} cases")
-    for name in ("cell", "measured ms", "predicted ms", "error", "measured MiB", "predicted MiB", "memory error"):
-        cases.add_column(name, justify="left" if name == "cell" else "right")
-    for c in report.worst(worst):
-        cases.add_row(c.label, f"{c.measured_s * 1e3:.2f}", f"{c.predicted_s * 1e3:.2f}", f"{c.error:+.1%}",
-                      f"{c.measured_bytes / 2**20:.0f}", f"{c.predicted_bytes / 2**20:.0f}", f"{c.memory_error:+.1%}")
-    return summary, cases
+
+@dataclass(frozen=True)
+class GroupOutcome:
+    """One job the recommender was asked about: measured plans for (model, dataset, batch) on up to W workers."""
+
+    key: str
+    plans: int
+    picked: str  # the plan predicted fastest
+    best: str  # the plan measured fastest
+    regret: float  # picked's measured time / best's - 1
+    tau: float
+    tie: bool = False  # picked is not best, but the benchmark cannot tell them apart: their repeats overlap
+    tau_within_noise: float = float("nan")  # tau with measured pairs whose repeats overlap counted as ties
+
+
+def measured_tie(a, b) -> bool:
+    """True when two measured cases' repeats overlap: some run of the slower was as fast as
+    some run of the faster, so their order is within the benchmark's own noise."""
+    if len(a.repeats) < 2 or len(b.repeats) < 2:
+        return False
+    return min(a.repeats) <= max(b.repeats) and min(b.repeats) <= max(a.repeats)
+
+
+def recommendation_outcomes(cases, max_workers=(2, 4), include_async: bool = False) -> list[GroupOutcome]:
+    """For each (model, dataset, batch, threads) and each W with cells on W workers, the
+    candidates are the measured plans the recommender would enumerate on at most W workers
+    (fewer workers can win; one worker means serial; local SGD and Hogwild only with
+    ``include_async``, as ``recommend --async``): its pick is the predicted fastest, held
+    against the measured fastest of the same candidates."""
+    by_job: dict[tuple, list] = {}
+    for case in cases:
+        model, dataset, batch, workers, threads = case.group
+        if workers == 1 and case.strategy != "serial":
+            continue  # on one worker the recommender proposes serial only (candidate_plans)
+        if case.strategy in ASYNCHRONOUS and not include_async:
+            continue  # recommend ranks them only when asked to (--async)
+        by_job.setdefault((model, dataset, batch, threads), []).append((workers, case))
+    outcomes = []
+    for (model, dataset, batch, threads), entries in sorted(by_job.items(), key=str):
+        for w in max_workers:
+            if not any(workers == w for workers, _ in entries):
+                continue
+            cands = [c for workers, c in entries if workers <= w]
+            if len(cands) < 2:
+                continue
+            picked = min(cands, key=lambda c: c.predicted_s)
+            best = min(cands, key=lambda c: c.measured_s)
+            predicted, measured = [c.predicted_s for c in cands], [c.measured_s for c in cands]
+            outcomes.append(GroupOutcome(
+                f"{model}/{dataset} batch {batch}, up to {w} workers", len(cands), picked.label, best.label,
+                picked.measured_s / best.measured_s - 1, kendall_tau(predicted, measured),
+                picked is not best and measured_tie(picked, best),
+                kendall_tau(predicted, measured, lambda i, j: measured_tie(cands[i], cands[j])),
+            ))
+    return outcomes
+
+
+def summarize_outcomes(outcomes: list[GroupOutcome]) -> dict:
+    def mean(values) -> float:
+        values = [v for v in values if not math.isnan(v)]
+        return sum(values) / len(values) if values else float("nan")
+
+    return {
+        "groups": len(outcomes),
+        "hit_rate": mean([float(o.picked == o.best) for o in outcomes]),
+        # a pick whose repeats overlap the fastest's counts: the benchmark cannot order the two
+        "hit_rate_within_noise": mean([float(o.picked == o.best or o.tie) for o in outcomes]),
+        "mean_regret": mean([o.regret for o in outcomes]),
+        "worst_regret": max((o.regret for o in outcomes), default=float("nan")),
+        "kendall_tau": mean([o.tau for o in outcomes]),
+        # pairs the benchmark cannot order (their repeats overlap) counted as ties
+        "kendall_tau_within_noise": mean([o.tau_within_noise for o in outcomes]),
+    }

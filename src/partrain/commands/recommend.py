@@ -1,0 +1,108 @@
+"""``partrain recommend``: the fastest plan that fits, why, and the command that runs it (--run runs it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from partrain.commands.args import PROFILE_DIR_HELP, print_table, add_data_args
+from partrain.errors import PartrainError
+
+
+def add_recommend_parser(sub) -> None:
+    p = sub.add_parser(
+        "recommend", help="the fastest plan that fits, why, and the command that runs it",
+        description="Enumerate every plan (strategy x workers up to N x pp/dp split x micro-batches x schedule x "
+        "batch), drop those that cannot run or do not fit in memory (saying why), rank the rest by predicted time "
+        "per epoch, explain the winner, and print the command that runs it. Profiles are measured first when not "
+        "cached. --run trains the winner straight away and prints the measured step time beside the prediction.",
+    )
+    add_data_args(p)
+    p.add_argument("--workers", type=int, help="at most this many workers (default: the cluster's, else 1)")
+    p.add_argument("--cluster", help="cluster TOML to recommend for instead of this machine (see examples/cluster.toml)")
+    p.add_argument("--batch-size", type=int, help="fix the global batch (default: free, 32/64/128 per worker)")
+    p.add_argument("--memory-limit", help="memory per worker, e.g. 2GB (default: the device's, or RAM / local workers)")
+    p.add_argument("--objective", choices=["time", "memory"], default="time", help="rank by time per epoch (default) or memory")
+    p.add_argument("--threads", type=int, help="intra-op threads per worker (default: cores / local workers, as train)")
+    p.add_argument("--async", dest="include_async", action="store_true",
+                   help="also rank local-sgd and hogwild, which do not reproduce serial training")
+    p.add_argument("--top", type=int, default=8, help="plans to show (default: 8)")
+    p.add_argument("--all", action="store_true", help="list every plan that was dropped, with the reason")
+    p.add_argument("--profile-dir", help=PROFILE_DIR_HELP)
+    p.add_argument("--refresh", action="store_true", help="profile again even when cached")
+    p.add_argument("--run", action="store_true", help="train the recommended plan now")
+    p.add_argument("--steps", type=int, default=100, help="--run: optimizer steps to train (default: 100)")
+    p.add_argument("--json", action="store_true", help="print everything as JSON")
+    p.set_defaults(func=cmd_recommend)
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    import time
+
+    from rich.console import Console
+
+    from partrain.predict.cluster import load_cluster
+    from partrain.predict.plan import profile_batch_sizes
+    from partrain.profile.cache import hardware_for, load_or_profile, profile_threads
+    from partrain.recommend import needed_batch_sizes, parse_bytes, recommend, recommendation_table
+
+    console = Console(stderr=True)
+    hw = load_cluster(args.cluster) if args.cluster else None
+    workers = args.workers or (hw.nodes * hw.workers_per_node if hw else 1)
+    if workers < 1:
+        raise PartrainError(f"--workers must be at least 1, got {workers}")
+    start, profiled = time.perf_counter(), []
+    if hw is None:
+        with console.status(f"measuring this machine's collectives with {workers} workers (cached afterwards)..."):
+            hw, _, reused = hardware_for(workers, args.profile_dir)
+        profiled += [] if reused else ["collectives"]
+    sizes = profile_batch_sizes(needed_batch_sizes(workers, args.batch_size))
+    options = {"activation": args.activation} if args.activation else {}
+
+    def profile_for(threads: int):
+        threads = profile_threads(threads)
+        with console.status(f"profiling {args.model} on {args.dataset} with {threads} thread(s), batches {sizes}..."):
+            profile, _, reused = load_or_profile(args.model, args.dataset, sizes, threads, args.profile_dir, args.data_dir,
+                                                 args.synthetic, options, refresh=args.refresh)
+        profiled.extend([] if reused else [f"{args.model} at {threads} thread(s)"])
+        return profile
+
+    limit = parse_bytes(args.memory_limit) if args.memory_limit else None
+    rec = recommend(profile_for, hw, workers, args.batch_size, limit, args.objective, args.threads, args.include_async)
+    rec.data_dir, rec.profile_seconds, rec.profile_reused = args.data_dir, time.perf_counter() - start, not profiled
+    measured = _run_recommended(rec, args) if args.run else None
+    if args.json:
+        print(json.dumps({**rec.to_dict(), "measured": measured}, default=str))
+        return 0
+    if profiled:
+        print(f"profiled {', '.join(profiled)} in {rec.profile_seconds:.1f} s (cached for next time)", file=sys.stderr)
+    print_table(recommendation_table(rec, args.top))
+    print(f"\n{rec.explanation()}\n")
+    dropped = rec.rejected if args.all else rec.rejected[:3]
+    if rec.rejected:
+        print(f"{len(rec.rejected)} plans dropped{' (first 3; --all lists them)' if not args.all else ''}:")
+        for plan, reason in dropped:
+            print(f"  {plan.label()} on {plan.workers} workers, batch {plan.batch_size}: {reason}")
+    print(f"\nrun it here:\n  {rec.local_command()}\nor on each node, under torchrun:\n  {rec.torchrun_command()}")
+    if measured:
+        print(f"\nmeasured {measured['seconds_per_step'] * 1e3:.2f} ms/step over {measured['steps']} steps, predicted "
+              f"{measured['predicted_seconds_per_step'] * 1e3:.2f} ms/step ({measured['error']:+.0%})")
+    return 0
+
+
+def _run_recommended(rec, args: argparse.Namespace) -> dict:
+    """Train the winner for ``--steps`` steps; its measured step time beside the prediction."""
+    from partrain.runner import run_training
+
+    cfg = rec.winner.plan.to_config(args.model, args.dataset, data_dir=args.data_dir, synthetic=args.synthetic,
+                                    model_options={"activation": args.activation} if args.activation else {},
+                                    steps=args.steps, eval_limit=1000)
+    result = run_training(cfg, show_progress=not args.json)
+    if result is None:
+        return {}
+    summary, predicted = result.summary(), rec.winner.median_step_s
+    print(f"trained {rec.winner.plan.label()}: test accuracy {summary['test_accuracy']:.2%} after {summary['steps']} steps",
+          file=sys.stderr)
+    return {**summary, "predicted_seconds_per_step": predicted,
+            "error": summary["seconds_per_step"] / predicted - 1 if summary["seconds_per_step"] else None}

@@ -1,0 +1,100 @@
+"""``partrain validate``: predictions, or the recommender (--recommendations), against the results store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from partrain.commands.args import PROFILE_DIR_HELP, STORE_HELP, print_table
+from partrain.errors import PartrainError
+
+
+def add_validate_parser(sub) -> None:
+    p = sub.add_parser(
+        "validate", help="hold predictions against the results store: error per strategy, memory, worst cases",
+        description="Predict every successful cell of the results store measured on this machine, with the "
+        "configuration it ran, and report the mean absolute percentage error of the time per step per strategy and "
+        "overall, the memory error, how often the predicted fastest strategy was the measured fastest, a "
+        "predicted-against-measured scatter plot and the worst cases.",
+    )
+    p.add_argument("--store", help=STORE_HELP)
+    p.add_argument("--data-dir", help="where the datasets are (default: $PARTRAIN_DATA_DIR, else ~/.partrain/data)")
+    p.add_argument("--profile-dir", help=PROFILE_DIR_HELP)
+    p.add_argument("--plot", default="partrain-validate.png", help="scatter plot PNG (default: partrain-validate.png)")
+    p.add_argument("--worst", type=int, default=10, help="worst cases to list (default: 10)")
+    p.add_argument("--recommendations", action="store_true",
+                   help="judge the recommender: for every job measured under several plans, was its pick the measured "
+                   "fastest (hit rate), how much slower if not (regret), and Kendall tau of the orderings; once as "
+                   "recommend ranks (plans that train as serial does) and once as recommend --async ranks")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_validate)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from partrain.bench import Store
+    from partrain.predict.plan import profile_batch_sizes
+    from partrain.predict.profiles import busy_warning
+    from partrain.report.plots import plot_scatter
+    from partrain.report.tables import report_tables
+    from partrain.validate import validate
+    from partrain.profile.cache import fingerprint, hardware_for, load_or_profile
+
+    with Store(args.store, create=False) as store:
+        rows = store.rows()
+
+    def profile_for(cfg, needed):
+        profile = load_or_profile(cfg.model, cfg.dataset, profile_batch_sizes(needed), cfg.threads or 1,
+                                  args.profile_dir, args.data_dir, cfg.synthetic, cfg.model_options)[0]
+        if warning := busy_warning(profile):
+            print(warning, file=sys.stderr)
+        return profile, profile.profile_seconds
+
+    report = validate(rows, profile_for, lambda workers: hardware_for(workers, args.profile_dir)[0], fingerprint())
+    if not report.cases:
+        raise PartrainError("no successful cells measured on this machine in the store: run `partrain bench` first")
+    if args.recommendations:
+        return _report_recommendations(report, args.json)
+    png = plot_scatter(report, args.plot)
+    if args.json:
+        print(json.dumps({**report.to_dict(), "plot": str(png)}))
+        return 0
+    for table in report_tables(report, args.worst):
+        print_table(table)
+    for line in report.skipped:
+        print(f"  skipped {line}")
+    print(f"plot: {png}")
+    return 0
+
+
+def _report_recommendations(report, as_json: bool) -> int:
+    """The recommender judged twice: as ``recommend`` ranks by default (plans that train as
+    serial does) and as ``recommend --async`` ranks (local SGD and Hogwild compete too)."""
+    from partrain.report.tables import outcome_table
+    from partrain.validate import recommendation_outcomes, summarize_outcomes
+
+    modes = {"synchronous": recommendation_outcomes(report.cases),
+             "with_async": recommendation_outcomes(report.cases, include_async=True)}
+    if not modes["with_async"]:
+        raise PartrainError("no job in the store was measured under two or more plans: run a suite with several strategies")
+    summaries = {mode: {**summarize_outcomes(outcomes), "profile_cost": report.profile_cost()}
+                 for mode, outcomes in modes.items()}
+    if as_json:
+        print(json.dumps({mode: {"summary": summaries[mode], "groups": [o.__dict__ for o in outcomes]}
+                          for mode, outcomes in modes.items()}))
+        return 0
+    named = (("synchronous", "recommend", "plans that train as serial does"),
+             ("with_async", "recommend --async", "local SGD competes too"))
+    for mode, command, what in named:
+        if modes[mode]:
+            print_table(outcome_table(modes[mode], f"{command} ({what}): the pick against the measured fastest"))
+    for mode, command, _ in named:
+        s = summaries[mode]
+        if s["groups"]:
+            print(f"{command}: {s['groups']} jobs, top-1 hit rate {s['hit_rate']:.0%} "
+                  f"({s['hit_rate_within_noise']:.0%} counting picks the benchmark's repeats cannot tell from the "
+                  f"fastest), regret mean {s['mean_regret']:.1%} (worst {s['worst_regret']:.1%}), "
+                  f"Kendall tau {s['kendall_tau']:.2f} ({s['kendall_tau_within_noise']:.2f} with pairs whose repeats "
+                  "overlap counted as ties)")
+    print(f"profiling cost {report.profile_cost():.1%} of the benchmark time of the cells it predicts")
+    return 0

@@ -1,0 +1,154 @@
+"""The latency + size/bandwidth fit of collective timings, and the fitted curves themselves.
+
+``fit_cost`` turns a sweep of timings into the alpha-beta ("postal") model
+t(n) = latency + n / bandwidth (Hockney, "The communication challenge for MPP", Parallel
+Computing 1994), fitted piecewise where one line does not fit: small messages are
+latency-bound and often take another protocol or algorithm than large ones (gloo switches
+allreduce algorithms with the size). Pure Python: ``profile.collectives`` measures with torch
+and fits here; the predictor reads the fits from a hardware profile.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+COLLECTIVES = ("allreduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv", "ddp_allreduce")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """t(n) = latency_s + n * seconds_per_byte, for message sizes up to ``upto_bytes``."""
+
+    upto_bytes: float  # math.inf for the last segment
+    latency_s: float
+    seconds_per_byte: float
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes per second (inf when the fit found no size dependence)."""
+        return math.inf if self.seconds_per_byte == 0 else 1.0 / self.seconds_per_byte
+
+    def time(self, nbytes: float) -> float:
+        return self.latency_s + nbytes * self.seconds_per_byte
+
+
+@dataclass(frozen=True)
+class CostFit:
+    """A piecewise alpha-beta model of one collective at one group size."""
+
+    segments: tuple[Segment, ...]
+
+    def time(self, nbytes: float) -> float:
+        for seg in self.segments:
+            if nbytes <= seg.upto_bytes:
+                return seg.time(nbytes)
+        return self.segments[-1].time(nbytes)
+
+    def scaled(self, latency_factor: float, volume_factor: float) -> CostFit:
+        """The same links driven by another algorithm step count and traffic volume."""
+        return CostFit(tuple(
+            Segment(s.upto_bytes, s.latency_s * latency_factor, s.seconds_per_byte * volume_factor)
+            for s in self.segments
+        ))
+
+    def to_dict(self) -> list[dict]:
+        """Segments as JSON rows; ``bandwidth_gb_per_s`` is for the reader, ``seconds_per_byte`` is loaded."""
+        return [
+            {"upto_bytes": None if math.isinf(s.upto_bytes) else s.upto_bytes, "latency_s": s.latency_s,
+             "seconds_per_byte": s.seconds_per_byte, "bandwidth_gb_per_s": None if s.seconds_per_byte == 0 else s.bandwidth / 1e9}
+            for s in self.segments
+        ]
+
+    @classmethod
+    def from_dict(cls, rows: list[dict]) -> CostFit:
+        return cls(tuple(
+            Segment(math.inf if r["upto_bytes"] is None else float(r["upto_bytes"]), float(r["latency_s"]),
+                    float(r["seconds_per_byte"]))
+            for r in rows
+        ))
+
+    @classmethod
+    def line(cls, latency_s: float, bandwidth: float) -> CostFit:
+        return cls((Segment(math.inf, latency_s, 1.0 / bandwidth),))
+
+
+def fit_line(sizes: list[float], times: list[float]) -> tuple[float, float]:
+    """(latency, seconds per byte) minimising the squared *relative* error, both >= 0.
+
+    Relative weights (1 / t^2) keep the microsecond points of small messages from being
+    drowned by the millisecond points of large ones, as an unweighted fit over sizes
+    spanning six orders of magnitude would.
+    """
+    w = [1.0 / t**2 for t in times]
+    sw, sn, st = sum(w), sum(wi * n for wi, n in zip(w, sizes)), sum(wi * t for wi, t in zip(w, times))
+    snn = sum(wi * n * n for wi, n in zip(w, sizes))
+    snt = sum(wi * n * t for wi, n, t in zip(w, sizes, times))
+    det = sw * snn - sn * sn
+    if det > 0:
+        slope = (sw * snt - sn * st) / det
+        intercept = (st - slope * sn) / sw
+        if slope >= 0 and intercept >= 0:
+            return intercept, slope
+    # constrained optimum on a boundary: the better of "no latency" and "no bandwidth term"
+    slope_only = snt / snn if snn > 0 else 0.0
+    latency_only = st / sw
+    err = lambda a, b: sum(wi * (a + b * n - t) ** 2 for wi, n, t in zip(w, sizes, times))  # noqa: E731
+    return min(((0.0, max(0.0, slope_only)), (max(0.0, latency_only), 0.0)), key=lambda ab: err(*ab))
+
+
+def _relative_rms(sizes, times, latency, spb) -> float:
+    return math.sqrt(sum(((latency + spb * n - t) / t) ** 2 for n, t in zip(sizes, times)) / len(sizes))
+
+
+def _split_cost(sizes, times, k: int) -> float:
+    """Total squared relative error of fitting each side of a split at ``k`` with its own line."""
+    left, right = (sizes[:k], times[:k]), (sizes[k:], times[k:])
+    return sum(len(s) * _relative_rms(s, t, *fit_line(s, t)) ** 2 for s, t in (left, right))
+
+
+def monotone(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares (pool-adjacent-violators; Ayer et
+    al., Ann. Math. Statist. 1955): a larger message never costs less, so a timing that dips
+    below a smaller one's is noise, averaged with its neighbours instead of bending the fit."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, c2), (m1, c1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    return [m for m, c in blocks for _ in range(int(c))]
+
+
+def fit_cost(sizes: list[float], times: list[float], tolerance: float = 0.1, max_segments: int = 3) -> CostFit:
+    """Piecewise alpha-beta fit: one line, split where its RMS relative error exceeds ``tolerance``.
+
+    The timings are first made non-decreasing in the size (``monotone``). The split point
+    minimises the summed squared relative error of the two sides, each of at least three
+    points (so that a single noisy timing never gets a line of its own). Segments are
+    ordered by size.
+    """
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
+    # a difference of two timings (ddp_allreduce) can come out as zero: a nanosecond, not a division by zero
+    sizes, times = [float(sizes[i]) for i in order], monotone([max(float(times[i]), 1e-9) for i in order])
+    if len(sizes) < 2:
+        raise ValueError("a latency/bandwidth fit needs at least two message sizes")
+    return CostFit(tuple(_fit_segments(sizes, times, tolerance, max_segments, math.inf)))
+
+
+def _fit_segments(sizes, times, tolerance, max_segments, upto) -> list[Segment]:
+    latency, spb = fit_line(sizes, times)
+    if max_segments == 1 or len(sizes) < 6 or _relative_rms(sizes, times, latency, spb) <= tolerance:
+        return [Segment(upto, latency, spb)]
+    k = min(range(3, len(sizes) - 2), key=lambda k: _split_cost(sizes, times, k))
+    left = _fit_segments(sizes[:k], times[:k], tolerance, 1, sizes[k - 1])
+    return left + _fit_segments(sizes[k:], times[k:], tolerance, max_segments - 1, upto)
+
+
+def default_sizes(max_bytes: int = 64 * 2**20) -> list[int]:
+    """Powers of four from 16 bytes up to ``max_bytes``."""
+    sizes, n = [], 16
+    while n <= max_bytes:
+        sizes.append(n)
+        n *= 4
+    return sizes

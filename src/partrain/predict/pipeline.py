@@ -1,0 +1,113 @@
+"""Pipeline costs: per-stage compute and transfers fed to a simulation of the actual
+schedule (``pipeline_sim``), and each rank's memory with the micro-batches it keeps in flight."""
+
+from __future__ import annotations
+
+from partrain.predict import compute
+from partrain.predict.comm import collective_time, stage_transfer_time
+from partrain.predict.cut import balanced_bounds, bounds_from_split_points
+from partrain.predict.memory import MemoryBreakdown, activation_bytes, block_input_bytes, stage_state, transient_bytes
+from partrain.predict.pipeline_sim import PipelineCosts, StepWork, schedule_order, simulate
+from partrain.predict.plan import Plan
+from partrain.predict.prediction import Prediction, _baseline, _Env, _env, _steps_per_epoch
+from partrain.predict.profiles import HardwareProfile, ModelProfile
+
+
+def stage_bounds(profile: ModelProfile, plan: Plan) -> list[tuple[int, int]]:
+    """The stage cut the run will use: explicit split points, else the same min-max partition
+    over measured block times at the micro-batch size as ``strategies.partition``."""
+    n_stages = plan.pp * plan.stages_per_worker
+    if plan.split_points:
+        return bounds_from_split_points(list(plan.split_points), len(profile.blocks), n_stages)
+    fwd, bwd = compute.block_times(profile, _microbatch(plan))
+    return balanced_bounds([f + g for f, g in zip(fwd, bwd)], n_stages)
+
+
+def _microbatch(plan: Plan) -> float:
+    return plan.batch_size / plan.dp / plan.microbatches
+
+
+def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, bounds, env: _Env) -> PipelineCosts:
+    """Per-stage compute, boundary transfers, and each rank's work around the schedule."""
+    b = _microbatch(plan)
+    fwd, bwd = compute.stage_times(profile, bounds, b, plan.recompute)
+    action = hw.pipeline_action_s  # the runtime's own cost per micro-batch action, measured on this hardware
+    n, m = len(bounds), plan.microbatches
+    # every micro-batch after the first adds its parameter gradients into .grad (AccumulateGrad),
+    # spread here evenly over the stage's m backwards; once the step's backwards are done the
+    # schedule divides every gradient by m (scale_grads): one read and one write, 2/3 of that pass
+    grad_pass = [compute.gradient_pass_time(profile, range(*bounds[s])) for s in range(n)]
+    fwd = tuple(t / env.speed + action for t in fwd)
+    bwd = tuple((t + grad_pass[s] * (m - 1) / m) / env.speed + action for s, t in enumerate(bwd))
+    rank = lambda s: (s % plan.pp) * plan.dp  # noqa: E731  (global rank of replica 0's stage s)
+    out = [compute.at(profile, profile.blocks[e - 1].out_bytes, b) for _, e in bounds]
+    send_fwd = tuple(stage_transfer_time(hw, out[s], rank(s), rank(s + 1)) if s < n - 1 else 0.0 for s in range(n))
+    send_bwd = tuple(stage_transfer_time(hw, out[s - 1], rank(s), rank(s - 1)) if s > 0 else 0.0 for s in range(n))
+    kind = compute.optimizer_kind(plan.optimizer, plan.momentum)
+    data = compute.at(profile, profile.data_s, plan.batch_size / plan.dp) / env.speed
+    wrapper = profile.replica_wrapper_s if plan.dp > 1 else 0.0  # a hybrid wraps its stages only then
+    before, after = [], []
+    for r in range(plan.pp):
+        stages = [s for s in range(n) if s % plan.pp == r]
+        blocks = [i for s in stages for i in range(*bounds[s])]
+        loads = 0 in stages or n - 1 in stages  # PipelineStepper.loads_data: first stage or the loss
+        before.append((StepWork("data", data),) if loads else ())
+        grad_bytes = sum(profile.blocks[i].param_bytes for i in blocks)
+        dp_ranks = [rank(stages[0]) + d for d in range(plan.dp)]
+        reduce = collective_time(hw, "ddp_allreduce", grad_bytes, dp_ranks)  # hybrid: replicas' gradients
+        opt = compute.optimizer_time(profile, kind, blocks) / env.speed
+        scale = sum(grad_pass[s] for s in stages) * 2 / 3 / env.speed if m > 1 else 0.0
+        # the schedule's per-step bookkeeping and gradient scaling, the loop's own, and a hybrid's
+        # replica wrapper on its blocks (its cost over the whole model, shared by parameter bytes)
+        own = (hw.pipeline_step_s + scale
+               + (compute.loop_time(profile) + wrapper * grad_bytes / max(1, profile.param_bytes)) / env.speed)
+        runtime = StepWork("runtime", own)
+        after.append((runtime, StepWork("allreduce", reduce, cpu=False), StepWork("optimizer", opt)))
+    return PipelineCosts(fwd, bwd, send_fwd, send_bwd, tuple(before), tuple(after))
+
+
+def _pipeline(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Prediction:
+    env = _env(hw, plan)
+    bounds = stage_bounds(profile, plan)
+    costs = _pipeline_costs(profile, hw, plan, bounds, env)
+    orders = schedule_order(plan.schedule or "gpipe", plan.pp, plan.microbatches, plan.stages_per_worker)
+    # k actions of the simulated timeline computing at once are k busy workers on each of its dp
+    # replicas, which run the same timeline side by side, spread over the nodes the plan uses
+    sharing = lambda k: env.sharing_slowdown(k * plan.dp / env.nodes_used)  # noqa: E731
+    sim = simulate(orders, costs, sharing)
+    no_transfer = simulate(orders, costs.without_transfers(), sharing)
+    busy = sim.busy[0]  # rank 0: the worker whose step time the training loop reports
+    compute_s = busy.get("F", 0.0) + busy.get("B", 0.0) + busy.get("runtime", 0.0)
+    comm = busy.get("allreduce", 0.0) + max(0.0, sim.step_s - no_transfer.step_s)  # what the transfers add
+    data, opt = busy.get("data", 0.0), busy.get("optimizer", 0.0)
+    bubble = max(0.0, sim.step_s - compute_s - comm - data - opt)
+    memory = [_pipeline_memory(profile, hw, plan, bounds, sim.max_in_flight, r) for r in range(plan.pp)]
+    worst = max(memory, key=lambda m: m.total)
+    per_worker = tuple(memory[r // plan.dp].total for r in range(plan.workers))
+    return Prediction(plan, sim.step_s, _steps_per_epoch(profile, plan), compute_s, comm, bubble, opt, data,
+                      worst, per_worker)
+
+
+def _pipeline_memory(profile: ModelProfile, hw: HardwareProfile, plan: Plan, bounds, in_flight: list[int], rank: int) -> MemoryBreakdown:
+    """One pipeline rank: its stages' state, receive buffers, and activations in flight.
+
+    ``PipelineStage`` allocates a receive buffer per micro-batch for its input (all but the
+    first stage) and for its output's gradient (all but the last), and keeps every
+    in-flight micro-batch's output until its backward (``torch.distributed.pipelining.stage``).
+    """
+    b = _microbatch(plan)
+    n = len(bounds)
+    grads = opt = buffers = act = 0.0
+    for s in range(rank, n, plan.pp):
+        lo, hi = bounds[s]
+        g, o = stage_state(profile, lo, hi, plan.optimizer, plan.momentum)
+        grads, opt = grads + g, opt + o
+        out = compute.at(profile, profile.blocks[hi - 1].out_bytes, b)
+        inp = block_input_bytes(profile, lo, b)
+        buffers += plan.microbatches * ((inp if s > 0 else 0.0) + (out if s < n - 1 else 0.0))
+        keeps_out = 0.0 if profile.blocks[hi - 1].saves_output else out
+        act += in_flight[s] * (activation_bytes(profile, lo, hi, b, plan.recompute) + keeps_out)
+        if s == 0:
+            act += block_input_bytes(profile, 0, plan.batch_size / plan.dp)  # the loaded batch
+    return MemoryBreakdown(**_baseline(profile, hw, plan.workers), gradients=int(grads), optimizer=int(opt),
+                           buffers=int(buffers), activations=int(act), transient=transient_bytes(profile, act))

@@ -1,0 +1,176 @@
+"""A plan: one way to run a training job, what ``partrain train`` would be told; and the
+candidate plans for a worker count and batch, valid or not (``check_plan`` says why not).
+
+    plans = enumerate_plans(profile, workers=4, batch_size=64)
+    plan.label(), plan.to_config(model, dataset), plan.cli_args()
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from partrain.config import RunConfig
+from partrain.errors import PartrainError
+from partrain.predict.cut import pipeline_refusal
+from partrain.predict.profiles import HardwareProfile, ModelProfile
+from partrain.spec import OPTIONS, SPECS, StrategySpec, threads_per_worker
+
+MB = 2**20  # DDP's bucket_cap_mb is in MiB (torch.nn.parallel.distributed._MB_TO_BYTES)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One way to run a training job: what ``partrain train`` would be told."""
+
+    strategy: str
+    workers: int
+    batch_size: int  # global, summed over data-parallel replicas
+    pp: int = 1
+    dp: int = 1
+    microbatches: int = 1
+    schedule: str | None = None  # pipelines: gpipe | 1f1b | interleaved-1f1b
+    stages_per_worker: int = 1
+    bucket_mb: float = 25.0
+    average_every: int | str = 1
+    recompute: bool = False
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    threads: int | None = None
+    split_points: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, split_points: list[int] | None = None) -> Plan:
+        dims = cfg.dims
+        return cls(
+            strategy=cfg.strategy, workers=cfg.workers, batch_size=cfg.batch_size, pp=dims.pp, dp=dims.dp,
+            microbatches=cfg.num_microbatches, schedule=cfg.pipeline_schedule, stages_per_worker=cfg.stages_per_worker,
+            bucket_mb=cfg.bucket_mb, average_every=cfg.average_every, recompute=cfg.recompute, optimizer=cfg.optimizer,
+            momentum=cfg.momentum, threads=cfg.threads,
+            split_points=tuple(split_points or cfg.split_points or ()) or None,
+        )
+
+    @property
+    def spec(self) -> StrategySpec:
+        return SPECS[self.strategy]
+
+    @property
+    def kind(self) -> str:
+        return self.spec.family
+
+    def cli_args(self) -> list[str]:
+        """The ``partrain train`` arguments that run this plan."""
+        args = ["--strategy", self.strategy, "--workers", str(self.workers), "--batch-size", str(self.batch_size)]
+        if self.kind == "hybrid":
+            args += ["--pp", str(self.pp), "--dp", str(self.dp)]
+        if self.spec.micro_batched:
+            args += ["--microbatches", str(self.microbatches), "--schedule", str(self.schedule)]
+            if self.stages_per_worker > 1:
+                args += ["--stages-per-worker", str(self.stages_per_worker)]
+            if self.recompute:
+                args.append("--recompute")
+        if self.split_points:
+            args += ["--split-points", ",".join(map(str, self.split_points))]
+        for option in self.spec.options:
+            value = getattr(self, option)
+            args += [OPTIONS[option][0], f"{value:g}" if isinstance(value, float) else str(value)]
+        args += ["--optimizer", self.optimizer]
+        if self.optimizer == "sgd":
+            args += ["--momentum", f"{self.momentum:g}"]
+        if self.threads is not None:
+            args += ["--threads", str(self.threads)]
+        return args
+
+    def to_config(self, model: str, dataset: str, **extra) -> RunConfig:
+        """The validated ``RunConfig`` (raises ``PartrainError`` naming what is wrong)."""
+        hybrid, piped = self.kind == "hybrid", self.spec.micro_batched
+        return RunConfig(
+            model=model, dataset=dataset, strategy=self.strategy, workers=self.workers, batch_size=self.batch_size,
+            pp=self.pp if hybrid else None, dp=self.dp if hybrid else None,
+            microbatches=self.microbatches if piped else None, schedule=self.schedule if piped else None,
+            stages_per_worker=self.stages_per_worker, bucket_mb=self.bucket_mb, average_every=self.average_every,
+            recompute=self.recompute, optimizer=self.optimizer, momentum=self.momentum if self.optimizer == "sgd" else 0.9,
+            threads=self.threads, split_points=list(self.split_points) if self.split_points else None, **extra,
+        )
+
+    def batch_sizes(self) -> tuple[float, float]:
+        """The batch sizes a prediction evaluates: one worker's rows, and its micro-batch."""
+        rows = self.batch_size / self.dp
+        return rows, rows / self.microbatches
+
+    def label(self) -> str:
+        """A short name for tables: strategy and the parameters that matter."""
+        parts = [self.strategy]
+        if self.kind == "hybrid":
+            parts.append(f"pp{self.pp}xdp{self.dp}")
+        if self.spec.micro_batched:
+            sched = self.schedule if self.stages_per_worker == 1 else f"{self.schedule} v{self.stages_per_worker}"
+            parts.append(f"{sched} M={self.microbatches}" if self.kind == "hybrid" or sched != self.strategy else f"M={self.microbatches}")
+        parts += [OPTIONS[option][1](getattr(self, option)) for option in self.spec.options]
+        if self.recompute:
+            parts.append("recompute")
+        return " ".join(parts)
+
+
+def profile_batch_sizes(needed) -> list[int]:
+    """Batch sizes to profile so that every size in ``needed`` is interpolated, not extrapolated:
+    from the power of two at or below the smallest, by factors of four, up to the largest."""
+    lo, hi = min(needed), max(needed)
+    size = 2 ** max(0, math.floor(math.log2(max(1.0, lo))))
+    sizes = []
+    while size < hi:
+        sizes.append(size)
+        size *= 4
+    return sorted({*sizes, math.ceil(hi)})
+
+
+def local_workers(plan_workers: int, hardware: HardwareProfile) -> int:
+    """Workers per node: ranks fill nodes in order, as torchrun, mpirun and srun place them."""
+    return plan_workers if hardware.nodes <= 1 else min(plan_workers, hardware.workers_per_node)
+
+
+def threads_for(plan_workers: int, hardware: HardwareProfile, threads: int | None = None) -> int:
+    """The intra-op threads a plan's workers get on ``hardware``: what ``partrain train`` gives them."""
+    return threads_per_worker(hardware.cores_per_node, local_workers(plan_workers, hardware), threads)
+
+
+def check_plan(profile: ModelProfile, plan: Plan, hardware: HardwareProfile | None = None) -> str | None:
+    """Why ``plan`` cannot run (one line), or None when it can; on ``hardware`` when given."""
+    try:
+        cfg = plan.to_config(profile.model, profile.dataset)
+    except PartrainError as err:
+        return str(err)
+    if reason := pipeline_refusal(cfg, len(profile.blocks)):
+        return reason
+    if plan.batch_size > profile.train_samples:
+        return f"batch {plan.batch_size} exceeds the {profile.train_samples} training samples"
+    if hardware is not None:
+        return plan.spec.refusal(plan.workers, local_workers(plan.workers, hardware), hardware.backend)
+    return None
+
+
+# the recommender's order: data-parallel plans, then pipelines by micro-batches, then hybrids
+_FAMILY_ORDER = {"serial": 0, "data": 0, "shared": 0, "pipeline": 1, "hybrid": 2}
+
+
+def candidate_plans(workers: int, batch_size: int, optimizer: str = "sgd", momentum: float = 0.9,
+                    threads: int | None = None) -> list[Plan]:
+    """Every strategy's variants (``StrategySpec.variants``) for ``workers`` and global
+    ``batch_size``, valid or not (``check_plan`` says which cannot run)."""
+    common = dict(workers=workers, batch_size=batch_size, optimizer=optimizer, momentum=momentum, threads=threads)
+    plans = [Plan(name, **variant, **common) for name, spec in SPECS.items() for variant in spec.variants(workers)]
+    return sorted(plans, key=lambda p: (_FAMILY_ORDER[p.kind], p.microbatches if p.kind == "pipeline" else 0))
+
+
+def enumerate_plans(profile: ModelProfile, workers: int, batch_size: int, optimizer: str = "sgd", momentum: float = 0.9,
+                    threads: int | None = None, with_invalid: bool = False,
+                    hardware: HardwareProfile | None = None) -> list[Plan] | list[tuple[Plan, str | None]]:
+    """The candidate plans that can run this model (on ``hardware`` when given), or with
+    ``with_invalid`` every candidate with the reason it cannot (None when it can). Small
+    gradient buckets are left out when the gradients fit one of them anyway."""
+    candidates = [
+        plan for plan in candidate_plans(workers, batch_size, optimizer, momentum, threads)
+        if not ("bucket_mb" in plan.spec.options and plan.bucket_mb < 25 and profile.param_bytes <= plan.bucket_mb * MB)
+    ]
+    checked = [(plan, check_plan(profile, plan, hardware)) for plan in candidates]
+    return checked if with_invalid else [plan for plan, reason in checked if reason is None]

@@ -1,0 +1,103 @@
+"""What a prediction says about a plan, and where the plan runs (threads, contention, speed).
+
+Every strategy's cost (``data_parallel``, ``pipeline``, ``predictor``'s serial) returns a
+``Prediction``; a step is what ``train.py`` times on rank 0: loading its rows,
+``Stepper.train_step`` (forward, backward, communication, optimizer).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from partrain.predict import compute
+from partrain.predict.memory import MemoryBreakdown
+from partrain.predict.plan import Plan, local_workers, threads_for
+from partrain.predict.profiles import HardwareProfile, ModelProfile
+
+
+@dataclass(frozen=True)
+class Prediction:
+    plan: Plan
+    seconds_per_step: float
+    steps_per_epoch: int
+    compute_s: float  # forward and backward on the measured worker
+    comm_s: float  # communication the computation does not hide
+    bubble_s: float  # pipeline idle time
+    optimizer_s: float
+    data_s: float  # loading the worker's rows
+    memory: MemoryBreakdown  # the worker with the largest peak
+    memory_per_worker: tuple[int, ...]
+    notes: tuple[str, ...] = field(default=())
+    occasional_s: float = 0.0  # part of seconds_per_step paid by only a few steps (local SGD's averaging)
+
+    @property
+    def seconds_per_epoch(self) -> float:
+        return self.seconds_per_step * self.steps_per_epoch
+
+    @property
+    def median_step_s(self) -> float:
+        """The typical step, what a median of step times measures: without averaging that
+        happens on fewer than half of the steps."""
+        return self.seconds_per_step - self.occasional_s
+
+    @property
+    def memory_bytes_per_worker(self) -> int:
+        return max(self.memory_per_worker)
+
+    def fits(self, memory_limit: float) -> bool:
+        """True when every worker's predicted peak is within ``memory_limit`` bytes."""
+        return self.memory_bytes_per_worker <= memory_limit
+
+    def to_dict(self) -> dict:
+        return {
+            "plan": asdict(self.plan), "label": self.plan.label(), "seconds_per_step": self.seconds_per_step,
+            "seconds_per_epoch": self.seconds_per_epoch, "steps_per_epoch": self.steps_per_epoch,
+            "compute_s": self.compute_s, "comm_s": self.comm_s, "bubble_s": self.bubble_s,
+            "optimizer_s": self.optimizer_s, "data_s": self.data_s, "median_step_s": self.median_step_s,
+            "memory_bytes_per_worker": self.memory_bytes_per_worker, "memory_per_worker": list(self.memory_per_worker),
+            "memory": {**asdict(self.memory), "total": self.memory.total}, "notes": list(self.notes),
+            "cli_args": self.plan.cli_args(),
+        }
+
+
+@dataclass(frozen=True)
+class _Env:
+    """Where a plan runs: threads, contention, speed."""
+
+    threads: int
+    local_workers: int
+    nodes_used: int
+    cores: int  # per node
+    speed: float  # compute_speed of the hardware relative to the profiling machine
+    sharing: dict[int, float]  # measured slowdown of k single-threaded workers computing side by side
+    sync_s: float  # FSDP: one synchronisation after computing, beyond its collectives (measured; 0 if not).
+    # DDP, local SGD and hybrid replicas use ``ddp_allreduce``, measured as DDP drives it, which includes it
+
+    def sharing_slowdown(self, busy_workers_per_node: float) -> float:
+        """Compute time of a worker while ``busy_workers_per_node`` compute on its node, over
+        its time alone: measured by the hardware profile for single-threaded workers (cores,
+        SMT siblings, caches and memory bandwidth shared), never below processor sharing of
+        the cores (more busy threads than cores cannot each run faster than cores / threads of one)."""
+        measured = self.sharing.get(round(busy_workers_per_node)) if self.threads == 1 else None
+        shared = compute.contention(busy_workers_per_node * self.threads, self.cores)
+        return max(measured or 1.0, shared)
+
+    def slowdown(self, busy_workers_per_node: float) -> float:
+        """``sharing_slowdown`` on this hardware's compute speed."""
+        return self.sharing_slowdown(busy_workers_per_node) / self.speed
+
+
+def _env(hw: HardwareProfile, plan: Plan) -> _Env:
+    local, threads = local_workers(plan.workers, hw), threads_for(plan.workers, hw, plan.threads)
+    return _Env(threads, local, math.ceil(plan.workers / local), hw.cores_per_node, hw.compute_speed,
+                hw.compute_sharing, hw.sync_s.get(local, 0.0) if plan.workers > 1 else 0.0)
+
+
+def _baseline(profile: ModelProfile, hw: HardwareProfile, workers: int) -> dict:
+    return {"baseline": profile.baseline_rss_bytes, "baseline_peak": profile.baseline_peak_rss_bytes,
+            "process_group": hw.process_group_rss_bytes if workers > 1 else 0}
+
+
+def _steps_per_epoch(profile: ModelProfile, plan: Plan) -> int:
+    return max(1, profile.train_samples // plan.batch_size)  # train.py drops the last partial batch

@@ -1,0 +1,54 @@
+"""Per-strategy predictions: seconds per step and per epoch, peak memory, and where time goes.
+
+    pred = predict_plan(profile, hardware, plan)      # -> Prediction
+    pred.seconds_per_epoch, pred.fits(limit)
+
+Reads profiles only, never a live model. Every model is per worker; times come from
+``compute`` (measured blocks), ``comm`` (fitted collectives), ``pipeline_sim`` (the actual
+schedule) and ``memory``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from partrain.predict import compute
+from partrain.predict.data_parallel import _data_parallel
+from partrain.predict.memory import MemoryBreakdown, activation_bytes, block_input_bytes, stage_state, transient_bytes
+from partrain.predict.pipeline import _pipeline
+from partrain.predict.plan import Plan
+from partrain.predict.prediction import Prediction, _baseline, _env, _steps_per_epoch
+from partrain.predict.profiles import HardwareProfile, ModelProfile
+
+
+def _serial(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Prediction:
+    """The measured serial step, interpolated to the batch size (the thesis's sequential model)."""
+    env = _env(hw, plan)
+    slow = env.slowdown(1)
+    b = plan.batch_size
+    kind = compute.optimizer_kind(plan.optimizer, plan.momentum)
+    step = compute.serial_step(profile, b, kind) * slow
+    data = compute.at(profile, profile.data_s, b) * slow
+    opt = compute.optimizer_time(profile, kind) * slow
+    n = len(profile.blocks)
+    grads, opt_state = stage_state(profile, 0, n, plan.optimizer, plan.momentum)
+    act = activation_bytes(profile, 0, n, b) + block_input_bytes(profile, 0, b)
+    mem = MemoryBreakdown(**_baseline(profile, hw, 1), gradients=grads, optimizer=opt_state, buffers=0,
+                          activations=int(act), transient=transient_bytes(profile, act))
+    return Prediction(plan, step, _steps_per_epoch(profile, plan), step - data - opt, 0.0, 0.0, opt, data, mem, (mem.total,))
+
+
+def predict_plan(profile: ModelProfile, hardware: HardwareProfile, plan: Plan) -> Prediction:
+    """Seconds per step and epoch, peak memory per worker and the time breakdown of ``plan``."""
+    kind = plan.kind
+    if kind == "serial":
+        pred = _serial(profile, hardware, plan)
+    elif kind in ("data", "shared"):
+        pred = _data_parallel(profile, hardware, plan)
+    else:
+        pred = _pipeline(profile, hardware, plan)
+    threads = _env(hardware, plan).threads
+    if threads != profile.threads:
+        note = f"model profiled with {profile.threads} threads per worker, plan runs {threads}"
+        pred = dataclasses.replace(pred, notes=(*pred.notes, note))
+    return pred

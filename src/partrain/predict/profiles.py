@@ -1,0 +1,187 @@
+"""The profiles the predictor reads, as plain dataclasses and their JSON.
+
+A ``ModelProfile`` is what one worker measured about a model, block by block and per batch
+size; a ``HardwareProfile`` what the predictor knows about the machines: nodes, workers,
+memory, and fitted collective costs per link tier. ``profile/`` measures them with torch
+and writes them; this module only reads and writes JSON, so the cost model never loads torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from partrain.errors import PartrainError
+from partrain.predict.fits import CostFit
+
+
+class JsonProfile:
+    """Saving and loading for a profile dataclass with ``to_dict`` and ``from_dict``."""
+
+    kind = "profile"  # named in the error when a file cannot be read
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return write_json(Path(path), self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike):
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise PartrainError(f"{cls.kind} {path} is unreadable ({err}): delete it or profile again") from None
+
+
+@dataclass
+class HardwareProfile(JsonProfile):
+    """What the predictor knows about the hardware a job runs on."""
+
+    kind = "hardware profile"
+
+    fingerprint: str
+    description: str
+    backend: str
+    nodes: int
+    workers_per_node: int
+    cores_per_node: int  # CPU contention: more busy threads than this slows every worker
+    device_memory_bytes: int  # per GPU; on CPU, the host RAM that a node's workers share
+    shared_memory: bool  # True on CPU: a node's workers share device_memory_bytes
+    compute_speed: float = 1.0  # relative to the machine that measured the model profile
+    links: dict[str, CostFit] = field(default_factory=dict)  # tier -> point-to-point fit
+    collectives: dict[str, dict[int, dict[str, CostFit]]] = field(default_factory=dict)  # tier -> group size -> name -> fit
+    process_group_rss_bytes: int = 0  # resident memory a worker gains by joining the process group
+    pipeline_action_s: float = 0.0  # what the pipelining runtime adds to each micro-batch forward or backward
+    pipeline_step_s: float = 0.0  # what it adds once per step (splitting the batch, merging losses)
+    pipeline_hop_s: float | None = None  # latency of one message between stages inside the runtime
+    # k busy workers on a node -> their compute time over one worker's alone (measured; else k / cores)
+    compute_sharing: dict[int, float] = field(default_factory=dict)
+    # k workers -> what one synchronisation after computing costs beyond a collective between busy ranks
+    sync_s: dict[int, float] = field(default_factory=dict)
+    source: str = "measured"
+    notes: list[str] = field(default_factory=list)
+    points: dict = field(default_factory=dict)  # raw: tier -> group size -> name -> [[bytes, s]]; "pipeline": the probe
+
+    def memory_limit_per_worker(self, local_workers: int) -> int:
+        return self.device_memory_bytes // max(1, local_workers) if self.shared_memory else self.device_memory_bytes
+
+    def to_dict(self) -> dict:
+        return {
+            "fingerprint": self.fingerprint, "description": self.description, "backend": self.backend,
+            "nodes": self.nodes, "workers_per_node": self.workers_per_node, "cores_per_node": self.cores_per_node,
+            "device_memory_bytes": self.device_memory_bytes, "shared_memory": self.shared_memory,
+            "compute_speed": self.compute_speed,
+            "links": {tier: fit.to_dict() for tier, fit in self.links.items()},
+            "collectives": {
+                tier: {str(p): {name: fit.to_dict() for name, fit in fits.items()} for p, fits in sizes.items()}
+                for tier, sizes in self.collectives.items()
+            },
+            "process_group_rss_bytes": self.process_group_rss_bytes, "pipeline_action_s": self.pipeline_action_s,
+            "pipeline_step_s": self.pipeline_step_s, "pipeline_hop_s": self.pipeline_hop_s,
+            "compute_sharing": {str(k): v for k, v in self.compute_sharing.items()},
+            "sync_s": {str(k): v for k, v in self.sync_s.items()}, "source": self.source,
+            "notes": self.notes, "points": self.points,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HardwareProfile:
+        return cls(
+            d["fingerprint"], d["description"], d["backend"], int(d["nodes"]), int(d["workers_per_node"]),
+            int(d["cores_per_node"]), int(d["device_memory_bytes"]), bool(d["shared_memory"]), float(d["compute_speed"]),
+            {tier: CostFit.from_dict(rows) for tier, rows in d["links"].items()},
+            {
+                tier: {int(p): {name: CostFit.from_dict(rows) for name, rows in fits.items()} for p, fits in sizes.items()}
+                for tier, sizes in d["collectives"].items()
+            },
+            int(d.get("process_group_rss_bytes", 0)), float(d.get("pipeline_action_s", 0.0)),
+            float(d.get("pipeline_step_s", 0.0)), d.get("pipeline_hop_s"),
+            {int(k): float(v) for k, v in d.get("compute_sharing", {}).items()},
+            {int(k): float(v) for k, v in d.get("sync_s", {}).items()},
+            d.get("source", "measured"), list(d.get("notes", [])), d.get("points", {}),
+        )
+
+
+def write_json(path: Path, data: dict) -> Path:
+    """Write atomically: a reader never sees half a profile."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+    return path
+
+
+@dataclass
+class BlockProfile:
+    """One block; list fields hold one value per ``ModelProfile.batch_sizes`` entry."""
+
+    name: str
+    params: int
+    param_bytes: int
+    param_tensors: int
+    buffer_bytes: int
+    fwd_s: list[float]
+    bwd_s: list[float]
+    out_bytes: list[int]  # the block's output: what a pipeline stage boundary sends
+    saved_bytes: list[int]  # kept by autograd for backward, without parameters and the block's input
+    saves_input: bool  # backward also keeps the block's input
+    saves_output: bool  # saved_bytes includes the block's own output
+    flops: list[int]  # forward + backward
+    optimizer_s: dict[str, float]  # one optimizer step over this block's parameters alone
+
+
+@dataclass
+class ModelProfile(JsonProfile):
+    kind = "model profile"
+
+    model: str
+    dataset: str
+    synthetic: bool
+    batch_sizes: list[int]
+    threads: int
+    fingerprint: str
+    input_shape: list[int]
+    input_bytes: int  # one float32 sample
+    train_samples: int  # samples in the train split as loaded (an epoch's worth)
+    blocks: list[BlockProfile]
+    loss_s: list[float]  # cross-entropy forward + backward
+    data_s: list[float]  # loading one batch from the in-memory dataset
+    optimizer_s: dict[str, float]  # one step over all parameters, per optimizer
+    baseline_rss_bytes: int  # resident set of a fresh worker-like process: torch, data, model
+    baseline_peak_rss_bytes: int  # its peak (loading data may peak above what stays)
+    train_peak_rss_bytes: list[int]  # the same process's peak after serial SGD-momentum steps at each batch size
+    # what a hybrid's fully_shard replica wrapper adds to a step of the whole model on a world of one
+    # (required: a profile from before it was measured is measured again)
+    replica_wrapper_s: float
+    profile_seconds: float = 0.0
+    other_load: float = 0.0  # share of the machine's CPU other processes used while profiling
+    options: dict = field(default_factory=dict)
+    world_of_one_s: dict[str, float] = field(default_factory=dict)  # step of partrain's training loop, per strategy
+    world_of_one_batch: int = 0  # the batch size world_of_one_s ran at
+
+    def overhead_s(self, strategy: str) -> float:
+        """What ``strategy``'s machinery adds to a step on a world of one, over the serial
+        loop (DDP's hooks and bucket copies, the averager's flatten and unflatten, the
+        pipelining runtime and replica wrapper); 0 when not measured."""
+        ran = self.world_of_one_s
+        return max(0.0, ran[strategy] - ran["serial"]) if strategy in ran and "serial" in ran else 0.0
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(b.param_bytes for b in self.blocks)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelProfile:
+        blocks = [BlockProfile(**b) for b in d["blocks"]]
+        known = {f.name for f in fields(cls)}  # profiles saved by earlier versions may carry retired keys
+        return cls(**{**{k: v for k, v in d.items() if k in known}, "blocks": blocks})
+
+
+def busy_warning(profile: ModelProfile, threshold: float = 0.1) -> str | None:
+    """One line when other processes competed with the profiler for the CPU, else None."""
+    if profile.other_load < threshold:
+        return None
+    return (f"warning: other processes used {profile.other_load:.0%} of the CPU while {profile.model} was profiled; "
+            "its times may be inflated: profile again with --refresh when the machine is quiet")

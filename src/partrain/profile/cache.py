@@ -1,0 +1,93 @@
+"""The profile cache: one service every command asks for a model or hardware profile.
+
+Profiles are JSON files in the profile directory (``--profile-dir``, else
+``$PARTRAIN_PROFILE_DIR``, else ``~/.partrain/profiles``), named by everything that keys them
+and by the hardware fingerprint, so that a profile taken on other hardware is never reused
+by mistake. A missing one is measured (``profile.model``, ``profile.hardware``) and saved.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from partrain.errors import PartrainError
+from partrain.predict.machine import fingerprint as machine
+from partrain.predict.profiles import HardwareProfile, ModelProfile
+
+PROFILE_DIR_ENV = "PARTRAIN_PROFILE_DIR"
+DEFAULT_PROFILE_DIR = Path("~/.partrain/profiles")
+
+
+def profile_dir(path: str | os.PathLike | None = None) -> Path:
+    """Where profiles are cached: ``path``, else $PARTRAIN_PROFILE_DIR, else ~/.partrain/profiles."""
+    chosen = path if path is not None else os.environ.get(PROFILE_DIR_ENV) or DEFAULT_PROFILE_DIR
+    return Path(chosen).expanduser().absolute()
+
+
+def fingerprint() -> str:
+    """This machine's hardware hash, the one the results store keys its measurements by."""
+    return machine().hash
+
+
+def profile_threads(threads: int) -> int:
+    """The threads to profile a plan's worker with: its own, at most this machine's cores (a
+    cluster file's cores are not here; a profile with more threads than cores measures contention)."""
+    return min(threads, os.cpu_count() or 1)
+
+
+def hardware_path(directory: Path, workers: int) -> Path:
+    return directory / f"hardware-w{workers}-{fingerprint()}.json"
+
+
+def local_hardware() -> HardwareProfile:
+    """This machine without collective timings: enough for one worker, which communicates nothing."""
+    here = machine()
+    cuda = here.gpu_count > 0
+    return HardwareProfile(here.hash, here.describe(), here.backend, 1, 1, here.cpu_cores,
+                           here.memory_gib * 2**30, shared_memory=not cuda, source="local, no collectives measured")
+
+
+def hardware_for(workers: int, directory=None, refresh: bool = False) -> tuple[HardwareProfile, Path | None, bool]:
+    """This machine's hardware profile for ``workers`` local workers: (profile, path, reused).
+
+    One worker needs none. Otherwise the cached profile measured with ``workers`` workers,
+    or a new measurement, saved: with as many processes sharing the cores as the job will
+    have, collectives cost what they will cost in it.
+    """
+    if workers <= 1:
+        return local_hardware(), None, True
+    path = hardware_path(profile_dir(directory), workers)
+    if path.is_file() and not refresh:
+        return HardwareProfile.load(path), path, True
+    from partrain.profile.hardware import profile_hardware
+
+    profile = profile_hardware(workers)
+    return profile, profile.save(path), False
+
+
+def profile_path(directory: Path, model: str, dataset: str, batch_sizes: list[int], threads: int,
+                 synthetic: bool = False, options: dict | None = None) -> Path:
+    """The cache file of a profile: every part of the key is in the name."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
+    extra = "".join(f"-{k}={v}" for k, v in sorted((options or {}).items()))
+    data = f"{dataset}-synthetic" if synthetic else dataset
+    sizes = "_".join(map(str, sorted(set(batch_sizes))))
+    return directory / f"model-{slug}{extra}-{data}-b{sizes}-t{threads}-{fingerprint()}.json"
+
+
+def load_or_profile(model: str, dataset: str, batch_sizes: list[int], threads: int = 1, directory=None, data_dir=None,
+                    synthetic: bool = False, options: dict | None = None, refresh: bool = False) -> tuple[ModelProfile, Path, bool]:
+    """The cached profile for this key, or a new one saved there. Returns (profile, path, reused)."""
+    path = profile_path(profile_dir(directory), model, dataset, batch_sizes, threads, synthetic, options)
+    if path.is_file() and not refresh:
+        try:
+            return ModelProfile.load(path), path, True
+        except PartrainError:  # written by another partrain version: measure again
+            pass
+    from partrain.profile.model import profile_model
+
+    profile = profile_model(model, dataset, batch_sizes, threads, data_dir, synthetic, options)
+    profile.save(path)
+    return profile, path, False
