@@ -1,6 +1,6 @@
 """Strategy overhead and speedup, measured side by side in one run (1 thread per worker).
 
-    python benchmarks/strategies.py [--steps 60] [--rounds 3] [--data-dir ../shared/data]
+    python benchmarks/overhead.py [--steps 60] [--rounds 3] [--data-dir ../shared/data]
 
 1. partrain ``ddp`` against a hand-written plain-PyTorch DDP loop: throughput ratio
    (goal: >= 0.98, i.e. partrain adds no measurable overhead);
