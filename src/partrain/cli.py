@@ -7,13 +7,13 @@ else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from partrain import __version__
-from partrain.config import RunConfig
-from partrain.spec import SCHEDULES, SPECS
-from partrain.commands.args import int_list, add_data_args
+from partrain.config import RunConfig, add_options, check_numbers
+from partrain.commands.args import add_model_options, model_options
 from partrain.commands.bench import add_bench_parser, add_results_parser, add_scale_parser
 from partrain.commands.predict import add_predict_parser
 from partrain.commands.profile import add_profile_parser
@@ -23,42 +23,10 @@ from partrain.errors import PartrainError
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
-    add_data_args(p)
-    g = p.add_argument_group("optimization")
-    g.add_argument("--epochs", type=int, default=1, help="epochs over the training split (default: 1)")
-    g.add_argument("--steps", type=int, help="stop after this many optimizer steps in total")
-    g.add_argument("--limit", type=int, help="train on the first N samples only")
-    g.add_argument("--eval-limit", type=int, help="evaluate on the first N test samples only")
-    g.add_argument("--no-eval", dest="evaluate", action="store_false", help="skip evaluation on the test split")
-    g.add_argument("--batch-size", type=int, default=64, help="global batch, summed over data-parallel workers (default: 64)")
-    g.add_argument("--lr", type=float, default=0.01, help="learning rate (default: 0.01)")
-    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
-    g.add_argument("--weight-decay", type=float, default=0.0)
-    g.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
-    g.add_argument("--seed", type=int, default=0, help="seeds weights, data order and synthetic data (default: 0)")
-
-    g = p.add_argument_group("parallelism")
-    g.add_argument("--strategy", default="serial", help=f"one of: {', '.join(SPECS)} (default: serial)")
-    g.add_argument("--workers", type=int, help="number of workers (default: 1, or the launcher's world size)")
-    g.add_argument("--pp", type=int, help="hybrid: pipeline stages")
-    g.add_argument("--dp", type=int, help="hybrid: data-parallel pipeline replicas")
-    g.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl when every worker has a GPU, else gloo")
-    g.add_argument("--microbatches", type=int, help="pipelines: micro-batches per batch (default: 2 x stages)")
-    g.add_argument("--schedule", help=f"pipelines: one of {', '.join(SCHEDULES)} (default: by strategy)")
-    g.add_argument("--stages-per-worker", type=int, default=1, help="interleaved-1f1b: stages per pipeline worker")
-    g.add_argument("--recompute", action="store_true", help="pipelines: recompute activations in backward")
-    g.add_argument("--balance", choices=["time", "params"], default="time", help="pipeline cut balanced by measured time or parameters")
-    g.add_argument("--split-points", type=int_list, help="pipelines: explicit first block index of each stage after the first, e.g. 3,6")
-    g.add_argument("--bucket-mb", type=float, default=25.0, help="ddp: gradient bucket size in MB (default: 25)")
-    g.add_argument("--average-every", default="1", help="local-sgd: steps between parameter averages, or 'epoch' (default: 1)")
-
-    g = p.add_argument_group("run")
-    g.add_argument("--threads", type=int, help="intra-op threads per worker (default: cores / local workers)")
-    g.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait for a peer (default: 300)")
-    g.add_argument("--checkpoint", help="directory to write a checkpoint into after every epoch")
-    g.add_argument("--resume", help="checkpoint directory to resume from")
-    g.add_argument("--events", help="directory for per-rank event traces (timelines)")
-    g.add_argument("--save-model", help="file to write the trained model's full state_dict into (torch.save)")
+    """Every ``RunConfig`` option, generated from its fields (``config.add_options``)."""
+    add_options(p, workers=None)  # without --workers: 1, or the launcher's world size
+    add_model_options(p)
+    g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -70,18 +38,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if workers is None:
         info = detect_launcher()
         workers = info.world_size if info.launched else 1
-    options = {"activation": args.activation} if args.activation else {}
-    return RunConfig(
-        model=args.model, dataset=args.dataset, data_dir=args.data_dir, synthetic=args.synthetic, model_options=options,
-        epochs=args.epochs, steps=args.steps, limit=args.limit, eval_limit=args.eval_limit, evaluate=args.evaluate,
-        batch_size=args.batch_size, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
-        optimizer=args.optimizer, seed=args.seed, strategy=args.strategy, workers=workers, pp=args.pp, dp=args.dp,
-        backend=args.backend, microbatches=args.microbatches, schedule=args.schedule,
-        stages_per_worker=args.stages_per_worker, recompute=args.recompute, balance=args.balance,
-        split_points=args.split_points, bucket_mb=args.bucket_mb, average_every=args.average_every,
-        threads=args.threads, timeout_s=args.timeout, checkpoint=args.checkpoint, resume=args.resume, events=args.events,
-        save_model=args.save_model,
-    )
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig) if hasattr(args, f.name)}
+    return RunConfig(**{**given, "workers": workers, "model_options": model_options(args)})
 
 
 def summary_line(result) -> str:
@@ -177,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_numbers(vars(args))  # every bad number refused here, in one line, before any work
         return args.func(args)
     except PartrainError as err:
         print(f"partrain: error: {err}", file=sys.stderr)

@@ -94,8 +94,8 @@ class Recommendation:
         return best
 
     def train_args(self) -> list[str]:
-        args = ["--model", self.model, "--dataset", self.dataset]
-        return args + (["--data-dir", self.data_dir] if self.data_dir else []) + self.winner.plan.cli_args()
+        """The winner's ``partrain train`` arguments (``config.to_argv``, as ``bench`` runs cells)."""
+        return self.winner.plan.to_config(self.model, self.dataset, data_dir=self.data_dir).to_argv()
 
     def local_command(self) -> str:
         return shlex.join(["partrain", "train", *self.train_args()])

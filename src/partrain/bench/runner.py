@@ -121,21 +121,9 @@ def check_cell(cell: Cell, data_dir: str | None, timeout: float) -> RunConfig:
 
 
 def train_command(cfg: RunConfig) -> list[str]:
-    """``python -m partrain train`` with ``cfg``'s settings (the fields a cell sets)."""
-    cmd = [sys.executable, "-m", "partrain", "train", "--model", cfg.model, "--dataset", cfg.dataset,
-           "--strategy", cfg.strategy, "--workers", str(cfg.workers), "--batch-size", str(cfg.batch_size),
-           "--lr", repr(cfg.lr), "--seed", str(cfg.seed), "--epochs", str(cfg.epochs),
-           "--timeout", f"{cfg.timeout_s:g}", "--json", "--quiet"]
-    optional = {"--data-dir": cfg.data_dir, "--steps": cfg.steps, "--limit": cfg.limit, "--eval-limit": cfg.eval_limit,
-                "--microbatches": cfg.microbatches, "--threads": cfg.threads}
-    for flag, value in optional.items():
-        if value is not None:
-            cmd += [flag, str(value)]
-    if cfg.synthetic:
-        cmd.append("--synthetic")
-    if not cfg.evaluate:
-        cmd.append("--no-eval")
-    return cmd
+    """``python -m partrain train`` with ``cfg``'s settings (``RunConfig.to_argv``, the command
+    line ``recommend`` prints)."""
+    return [sys.executable, "-m", "partrain", "train", *cfg.to_argv(), "--json", "--quiet"]
 
 
 def run_process(cmd: list[str], timeout: float, tick: Callable[[], None]) -> tuple[str, str | None, dict | None]:

@@ -38,9 +38,18 @@ PROFILE_DIR_HELP = "profile cache directory (default: $PARTRAIN_PROFILE_DIR, els
 
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model and data")
-    g.add_argument("--model", default="mlp", help="zoo model (see `partrain models`) or package.module:factory (default: mlp)")
-    g.add_argument("--dataset", default="mnist", help="dataset (see `partrain datasets`; default: mnist)")
-    g.add_argument("--data-dir", help="where the datasets are (default: $PARTRAIN_DATA_DIR, else ~/.partrain/data)")
-    g.add_argument("--synthetic", action="store_true", help="generated data of the dataset's shape instead of the real files")
-    g.add_argument("--activation", choices=["relu", "sigmoid"], help="hidden activation of the mlp (default: relu)")
+    """The job's model and data options, as ``train`` has them."""
+    from partrain.config import add_options
+
+    add_options(p, ["model", "dataset", "data_dir", "synthetic"])
+    add_model_options(p)
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """Keyword arguments of the zoo's model factories (``RunConfig.model_options``), beside the model."""
+    group = next((g for g in p._action_groups if g.title == "model and data"), p)
+    group.add_argument("--activation", choices=["relu", "sigmoid"], help="hidden activation of the mlp (default: relu)")
+
+
+def model_options(args: argparse.Namespace) -> dict:
+    return {"activation": args.activation} if getattr(args, "activation", None) else {}

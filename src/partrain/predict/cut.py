@@ -67,6 +67,10 @@ def pipeline_refusal(cfg, n_blocks: int) -> str | None:
         return f"{n_stages} pipeline stages but {cfg.model} has only {n_blocks} blocks: use at most {n_blocks} stages"
     if cfg.split_points and len(cfg.split_points) != n_stages - 1:
         return f"--split-points needs {n_stages - 1} block indices for {n_stages} stages, got {len(cfg.split_points)}"
+    edges = [0, *(cfg.split_points or []), n_blocks]
+    if cfg.split_points and any(b <= a for a, b in zip(edges, edges[1:])):
+        return (f"--split-points {','.join(map(str, cfg.split_points))} must increase strictly within "
+                f"1..{n_blocks - 1} ({cfg.model} has {n_blocks} blocks)")
     if cfg.pipeline_schedule == "interleaved-1f1b" and cfg.num_microbatches % cfg.dims.pp:
         return (f"interleaved-1f1b needs micro-batches in multiples of the {cfg.dims.pp} pipeline workers, "
                 f"got {cfg.num_microbatches}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from partrain.config import RunConfig
+from partrain.config import RunConfig, to_argv
 from partrain.errors import PartrainError
 from partrain.predict.cut import pipeline_refusal
 from partrain.predict.profiles import HardwareProfile, ModelProfile
@@ -59,38 +59,23 @@ class Plan:
         return self.spec.family
 
     def cli_args(self) -> list[str]:
-        """The ``partrain train`` arguments that run this plan."""
-        args = ["--strategy", self.strategy, "--workers", str(self.workers), "--batch-size", str(self.batch_size)]
-        if self.kind == "hybrid":
-            args += ["--pp", str(self.pp), "--dp", str(self.dp)]
-        if self.spec.micro_batched:
-            args += ["--microbatches", str(self.microbatches), "--schedule", str(self.schedule)]
-            if self.stages_per_worker > 1:
-                args += ["--stages-per-worker", str(self.stages_per_worker)]
-            if self.recompute:
-                args.append("--recompute")
-        if self.split_points:
-            args += ["--split-points", ",".join(map(str, self.split_points))]
-        for option in self.spec.options:
-            value = getattr(self, option)
-            args += [OPTIONS[option][0], f"{value:g}" if isinstance(value, float) else str(value)]
-        args += ["--optimizer", self.optimizer]
-        if self.optimizer == "sgd":
-            args += ["--momentum", f"{self.momentum:g}"]
-        if self.threads is not None:
-            args += ["--threads", str(self.threads)]
-        return args
+        """The ``partrain train`` arguments that run this plan (``config.to_argv``; printed even
+        for a plan that cannot run, with the reason)."""
+        return to_argv(self._config_fields("", ""), always=("strategy", "workers", "batch_size"))
 
     def to_config(self, model: str, dataset: str, **extra) -> RunConfig:
         """The validated ``RunConfig`` (raises ``PartrainError`` naming what is wrong)."""
+        return RunConfig(**self._config_fields(model, dataset), **extra)
+
+    def _config_fields(self, model: str, dataset: str) -> dict:
         hybrid, piped = self.kind == "hybrid", self.spec.micro_batched
-        return RunConfig(
+        return dict(
             model=model, dataset=dataset, strategy=self.strategy, workers=self.workers, batch_size=self.batch_size,
             pp=self.pp if hybrid else None, dp=self.dp if hybrid else None,
             microbatches=self.microbatches if piped else None, schedule=self.schedule if piped else None,
             stages_per_worker=self.stages_per_worker, bucket_mb=self.bucket_mb, average_every=self.average_every,
             recompute=self.recompute, optimizer=self.optimizer, momentum=self.momentum if self.optimizer == "sgd" else 0.9,
-            threads=self.threads, split_points=list(self.split_points) if self.split_points else None, **extra,
+            threads=self.threads, split_points=list(self.split_points) if self.split_points else None,
         )
 
     def batch_sizes(self) -> tuple[float, float]:
