@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
 
 from partrain import __version__
 from partrain.config import SCHEDULES, STRATEGIES, RunConfig
@@ -657,8 +660,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum, frame):
+    """SIGTERM ends a command as Ctrl-C does: workers stopped, temporary files removed."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         return args.func(args)
     except PartrainError as err:
@@ -667,3 +677,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("partrain: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `partrain results | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0

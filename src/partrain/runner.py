@@ -16,6 +16,7 @@ import traceback
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from partrain import checkpoint
 from partrain.config import RunConfig
 from partrain.data import dataset_spec, load_dataset
 from partrain.distributed.launch import LaunchInfo, detect_launcher
@@ -26,8 +27,9 @@ from partrain.strategies.partition import pipeline_refusal
 from partrain.train import RunResult, train_worker
 
 
-def preflight(cfg: RunConfig) -> None:
-    """Everything that can be checked without a process group, checked in the launcher."""
+def preflight(cfg: RunConfig) -> RunConfig:
+    """Everything that can be checked without a process group, checked in the launcher;
+    returns ``cfg`` as the workers should run it (a resume keeps its checkpoint's pipeline cut)."""
     spec = dataset_spec(cfg.dataset)
     # reading the test split proves the files exist and parse (the train split is read by the workers)
     load_dataset(cfg.dataset, "test", data_dir=cfg.data_dir, synthetic=cfg.synthetic, limit=1)
@@ -36,6 +38,9 @@ def preflight(cfg: RunConfig) -> None:
         raise PartrainError(reason)
     if cfg.strategy == "hogwild" and cfg.backend == "nccl":
         raise PartrainError("hogwild shares weights in host memory: run it with --backend gloo")
+    if cfg.resume:
+        cfg = checkpoint.resume_config(cfg, checkpoint.run_meta(cfg))
+    return cfg
 
 
 @record
@@ -59,9 +64,9 @@ def run_training(cfg: RunConfig, show_progress: bool = True) -> RunResult | None
                 f"the {info.launcher} launch has {info.world_size} workers but --workers is {cfg.workers}: "
                 "leave --workers out under a launcher, or make them agree"
             )
-        preflight(cfg)  # on every rank: each refuses alike, none waits for a peer that quit
+        cfg = preflight(cfg)  # on every rank: each refuses alike, none waits for a peer that quit
         return train_worker(cfg, info, show_progress)
-    preflight(cfg)
+    cfg = preflight(cfg)
     if cfg.workers == 1:
         return train_worker(cfg, LaunchInfo("none"), show_progress)
     results = spawn(worker_main, (cfg, show_progress), cfg.workers)

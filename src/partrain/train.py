@@ -131,10 +131,10 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool) 
         result.partition, result.split_points = describe(part, blocks), part.split_points
 
     # --- resume: position, weights, optimizer state and RNG, as they were
-    meta = {**cfg.to_dict(), "pp": ctx.dims.pp, "dp": ctx.dims.dp}
+    meta = checkpoint.run_meta(cfg, part.split_points if part is not None else None)
     start_epoch, start_step, done = 0, 0, 0
-    if cfg.resume:
-        pos = checkpoint.load(cfg.resume, stepper, ctx.rank, meta)
+    if cfg.resume:  # the launcher has checked the set against this run (checkpoint.resume_config)
+        pos = checkpoint.load(cfg.resume, stepper, ctx.rank, cfg)
         start_epoch, start_step, done = pos["epoch"], pos["step"], pos["global_step"]
         result.step_losses = list(pos["step_losses"])
         result.epochs = [EpochResult(**e) for e in pos["epochs"]]
