@@ -50,7 +50,7 @@ from partrain.bench.store import Outcome, Store
 from partrain.bench.suite import Cell, Suite
 from partrain.config import RunConfig
 from partrain.data import dataset_spec
-from partrain.distributed.spawn import die_with_parent, python_command
+from partrain.distributed.spawn import child_env, die_with_parent, python_command
 from partrain.errors import PartrainError
 from partrain.runner import preflight
 
@@ -147,7 +147,7 @@ def train_command(cfg: RunConfig) -> list[str]:
 def run_process(cmd: list[str], timeout: float, tick: Callable[[], None]) -> tuple[str, str | None, dict | None]:
     """Run ``cmd`` in a new session; returns (status, reason, the JSON result or None)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_env(),
                                 start_new_session=True, preexec_fn=partial(die_with_parent, signal.SIGTERM))
         deadline = time.monotonic() + timeout
         try:

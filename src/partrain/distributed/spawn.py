@@ -81,6 +81,12 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         _prctl(_PR_SET_PDEATHSIG, sig)
 
 
+def child_env() -> dict[str, str]:
+    """The environment for a Python child: this process's import path made explicit (a user's
+    model package stays importable) and nothing implicit added to it (see ``python_command``)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "PYTHONSAFEPATH": "1"}
+
+
 def python_command() -> list[str]:
     """This interpreter, with the working directory kept off the import path (``-P``): a child
     started as ``python -m partrain`` or ``python -c ...`` in a directory holding a ``numpy.py``

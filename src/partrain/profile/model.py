@@ -46,7 +46,7 @@ from partrain.distributed.launch import (
     keep_freed_memory,
     leave_process_group,
 )
-from partrain.distributed.spawn import python_command
+from partrain.distributed.spawn import child_env, python_command
 from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
 from partrain.profile.hardware import JsonProfile, fingerprint, profile_dir
@@ -399,9 +399,8 @@ def measure_memory(model: str, dataset: str, input_shape, num_classes: int, batc
     args = {"model": model, "dataset": dataset, "input_shape": list(input_shape), "num_classes": num_classes,
             "batch_sizes": batch_sizes, "threads": threads, "data_dir": None if data_dir is None else str(data_dir),
             "synthetic": synthetic, "options": options, "world_of_one_steps": world_of_one_steps}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # user factories stay importable
     proc = subprocess.run([*python_command(), "-c", "from partrain.profile.model import baseline_probe; baseline_probe()",
-                           json.dumps(args)], capture_output=True, text=True, env=env, timeout=600)
+                           json.dumps(args)], capture_output=True, text=True, env=child_env(), timeout=600)
     if proc.returncode != 0:
         raise PartrainError(f"measuring the baseline memory failed: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
