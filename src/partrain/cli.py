@@ -9,7 +9,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import signal
 import sys
+import threading
+import traceback
 
 from partrain import __version__
 from partrain.config import RunConfig, add_options, check_numbers
@@ -107,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
         "partrain trains with any strategy, benchmarks, predicts and recommends.",
     )
     parser.add_argument("--version", action="version", version=f"partrain {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, also print the traceback behind it (your model's code, say)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("train", help="train a model with a parallelization strategy",
@@ -132,14 +138,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum, frame):
+    """SIGTERM ends a command as Ctrl-C does: workers stopped, temporary files removed."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         check_numbers(vars(args))  # every bad number refused here, in one line, before any work
         return args.func(args)
     except PartrainError as err:
+        if args.debug and err.__cause__ is not None:
+            traceback.print_exception(err.__cause__, file=sys.stderr)
         print(f"partrain: error: {err}", file=sys.stderr)
         return err.exit_status
     except KeyboardInterrupt:
         print("partrain: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `partrain results | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0

@@ -22,8 +22,10 @@ DEFAULT_PROFILE_DIR = Path("~/.partrain/profiles")
 
 def profile_dir(path: str | os.PathLike | None = None) -> Path:
     """Where profiles are cached: ``path``, else $PARTRAIN_PROFILE_DIR, else ~/.partrain/profiles."""
-    chosen = path if path is not None else os.environ.get(PROFILE_DIR_ENV) or DEFAULT_PROFILE_DIR
-    return Path(chosen).expanduser().absolute()
+    chosen = Path(path if path is not None else os.environ.get(PROFILE_DIR_ENV) or DEFAULT_PROFILE_DIR).expanduser()
+    if chosen.exists() and not chosen.is_dir():  # found now, not after minutes of profiling
+        raise PartrainError(f"--profile-dir {chosen}: a file is in the way; give a directory")
+    return chosen.absolute()
 
 
 def fingerprint() -> str:

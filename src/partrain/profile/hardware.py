@@ -57,7 +57,9 @@ def _tier_plans(world: int, local: int) -> list[tuple[str, int, list[list[int]],
 @record
 def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict | None:
     """One worker of ``profile --hardware``; rank 0 returns the measurements."""
-    from partrain.distributed.launch import detect_launcher, device_for, init_process_group, keep_freed_memory
+    from partrain.distributed.launch import (
+        detect_launcher, device_for, init_process_group, keep_freed_memory, leave_process_group,
+    )
 
     keep_freed_memory()  # as a training worker does
     info = detect_launcher()
@@ -87,7 +89,7 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
             out["tiers"].setdefault(tier, {})[k] = points
             out["notes"] += [n for n in notes if n not in out["notes"]]
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
     return out if info.rank == 0 else None
 
 
