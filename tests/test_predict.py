@@ -383,6 +383,7 @@ def test_every_plan_on_a_user_factory(factory_profile, cluster):
 
 def test_plan_cli_args_round_trip(mlp_profile):
     for plan in enumerate_plans(mlp_profile, workers=4, batch_size=64):
+        assert "--model" not in plan.cli_args() and "--dataset" not in plan.cli_args()
         args = build_parser().parse_args(["train", "--model", "mlp", *plan.cli_args()])
         assert Plan.from_config(config_from_args(args)) == plan, plan.label()
 

@@ -90,3 +90,28 @@ def test_predict_and_recommend_give_the_same_time_for_the_same_plan(tmp_path, ca
     assert "hogwild" not in {p["plan"]["strategy"] for p in predicted["predictions"]}
     assert any(i["plan"] == "hogwild" and "one node" in i["reason"] for i in predicted["invalid"])
     assert any(r["plan"] == "hogwild" for r in recommended["rejected"])
+
+
+def test_a_tenth_strategy_is_its_spec(monkeypatch, tmp_path):
+    """A strategy added as a StrategySpec alone (here a twin of ddp under another name) is
+    configured, enumerated, labelled, printed as a command and costed like the one it copies."""
+    import dataclasses as dc
+
+    from partrain.predict import predict_plan
+    from partrain.predict.cluster import load_cluster
+    from partrain.profile.cache import load_or_profile
+    from partrain.spec import COST_MODELS
+
+    assert all(spec.cost in COST_MODELS for spec in SPECS.values())
+    monkeypatch.setitem(SPECS, "ddp-twin", dc.replace(SPECS["ddp"], name="ddp-twin"))
+    assert RunConfig(strategy="ddp-twin", workers=2).dims.dp == 2
+    plans = {(p.strategy, p.bucket_mb): p for p in candidate_plans(2, 64)}
+    twin, ddp = plans["ddp-twin", 25.0], plans["ddp", 25.0]
+    assert twin.label() == "ddp-twin bucket 25MB"
+    assert plans["ddp-twin", 1.0].cli_args() == ["--batch-size", "64", "--strategy", "ddp-twin", "--workers", "2",
+                                                  "--bucket-mb", "1.0"]
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text(TWO_NODES)
+    hw = load_cluster(cluster)
+    profile = load_or_profile("mlp", "mnist", [32], 1, tmp_path / "profiles", synthetic=True)[0]
+    assert predict_plan(profile, hw, twin).seconds_per_step == predict_plan(profile, hw, ddp).seconds_per_step

@@ -6,8 +6,9 @@ prints, a plan's label, the candidate plans the recommender tries, the refusals,
 overheads the profiler measures on a world of one, and the ``parallelize_*`` that runs it.
 
 Adding a strategy: write its ``parallelize_<name>(model, blocks, cfg, ctx, sample) -> Stepper``
-in ``strategies/`` and add its ``StrategySpec`` to ``SPECS`` below; nothing else. Its family
-decides how it is costed (``predict``): a new family also needs its cost function there.
+in ``strategies/`` and add its ``StrategySpec`` to ``SPECS`` below; nothing else. Its ``cost``
+names the cost model of ``predict/`` that predicts it; one that none of them fits also needs
+its own there.
 
 Pure Python: the runtime (``parallelize``) is named by ``module:function`` and imported only
 when a worker builds it, so the cost model can read specs without loading torch.
@@ -25,6 +26,10 @@ from dataclasses import dataclass
 #   shared   workers share one set of weights in host memory (no collectives)
 FAMILIES = ("serial", "data", "pipeline", "hybrid", "shared")
 
+# The cost models of ``predict/`` a strategy can be predicted by: serial (``predictor``), ddp,
+# local-sgd, fsdp and shared (``data_parallel``), pipeline (``pipeline``: the schedule simulated)
+COST_MODELS = ("serial", "ddp", "local-sgd", "fsdp", "shared", "pipeline")
+
 # Pipeline schedules by name. "interleaved-1f1b" needs several stages per worker.
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
@@ -41,6 +46,7 @@ class StrategySpec:
     family: str  # one of FAMILIES
     description: str
     parallelize: str  # "module:function" of its parallelize_* (imported when a worker runs it)
+    cost: str  # the cost model that predicts it (one of COST_MODELS)
     synchronous: bool = True  # reproduces the serial loss curve step by step (a test)
     asynchronous_because: str = ""  # in words, when not synchronous (the recommender's caveat)
     micro_batched: bool = False  # takes --microbatches, --schedule, --stages-per-worker, --recompute
@@ -92,30 +98,30 @@ def _data(*variants: dict) -> Callable[[int], list[dict]]:
 _S = "partrain.strategies."
 SPECS: dict[str, StrategySpec] = {s.name: s for s in (
     StrategySpec("serial", "serial", "one worker, the baseline every speedup is measured against",
-                 _S + "serial:parallelize_serial", world_of_one_probe=True, variants=lambda w: [{}] if w == 1 else []),
+                 _S + "serial:parallelize_serial", "serial", world_of_one_probe=True, variants=lambda w: [{}] if w == 1 else []),
     StrategySpec("ddp", "data", "synchronous data parallel, bucketed allreduce overlapped with backward",
-                 _S + "ddp:parallelize_ddp", options=("bucket_mb",), world_of_one_probe=True,
+                 _S + "ddp:parallelize_ddp", "ddp", options=("bucket_mb",), world_of_one_probe=True,
                  variants=_data({}, {"bucket_mb": 1.0})),
     StrategySpec("local-sgd", "data", "independent replicas, parameters averaged every K steps or once an epoch",
-                 _S + "local_sgd:parallelize_local_sgd", synchronous=False,
+                 _S + "local_sgd:parallelize_local_sgd", "local-sgd", synchronous=False,
                  asynchronous_because="averaged only every K steps", options=("average_every",),
                  world_of_one_probe=True, variants=_data(*({"average_every": k} for k in (1, 8, "epoch")))),
     StrategySpec("fsdp", "data", "sharded data parallel (ZeRO-3): parameters, gradients and optimizer state sharded",
-                 _S + "fsdp:parallelize_fsdp", variants=_data({})),
+                 _S + "fsdp:parallelize_fsdp", "fsdp", variants=_data({})),
     StrategySpec("model-parallel", "pipeline", "consecutive layer groups on consecutive workers, one batch at a time",
-                 _S + "pipeline:parallelize_pipeline", default_schedule="gpipe",
+                 _S + "pipeline:parallelize_pipeline", "pipeline", default_schedule="gpipe",
                  variants=lambda w: [] if w == 1 else [dict(pp=w, schedule="gpipe")]),
     StrategySpec("gpipe", "pipeline", "pipeline: all forwards then all backwards per batch",
-                 _S + "pipeline:parallelize_pipeline", micro_batched=True, default_schedule="gpipe",
+                 _S + "pipeline:parallelize_pipeline", "pipeline", micro_batched=True, default_schedule="gpipe",
                  variants=_pipeline_variants("gpipe", interleaved=False)),
     StrategySpec("1f1b", "pipeline", "pipeline: one-forward-one-backward (PipeDream-Flush)",
-                 _S + "pipeline:parallelize_pipeline", micro_batched=True, default_schedule="1f1b",
+                 _S + "pipeline:parallelize_pipeline", "pipeline", micro_batched=True, default_schedule="1f1b",
                  variants=_pipeline_variants("1f1b", interleaved=True)),
     StrategySpec("hybrid", "hybrid", "data parallel across pipeline replicas on a 2-D (pp x dp) device mesh",
-                 _S + "pipeline:parallelize_pipeline", micro_batched=True, default_schedule="1f1b",
+                 _S + "pipeline:parallelize_pipeline", "pipeline", micro_batched=True, default_schedule="1f1b",
                  variants=_hybrid_variants),
     StrategySpec("hogwild", "shared", "shared-memory workers updating one set of weights without locks",
-                 _S + "hogwild:parallelize_hogwild", synchronous=False, asynchronous_because="lock-free and stale",
+                 _S + "hogwild:parallelize_hogwild", "shared", synchronous=False, asynchronous_because="lock-free and stale",
                  shares_host_memory=True, variants=_data({})),
 )}
 

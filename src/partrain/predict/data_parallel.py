@@ -58,11 +58,12 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
     grads, opt_state = stage_state(profile, 0, len(params), plan.optimizer, plan.momentum)
     act = activation_bytes(profile, 0, len(params), b) + block_input_bytes(profile, 0, b)
     buffers, occasional = 0, 0.0
-    if plan.strategy == "ddp":
+    cost = plan.spec.cost
+    if cost == "ddp":
         # DDP's own work (autograd hooks, copies into and out of the buckets), measured on a world of one
         comm = _ddp_comm(profile, hw, plan, ranks, bwd, slow) + profile.overhead_s("ddp") * slow
         buffers = total_params  # flat gradient buckets beside the gradients (gradient_as_bucket_view=False)
-    elif plan.strategy == "local-sgd":
+    elif cost == "local-sgd":
         # average_parameters flattens every parameter into one buffer and allreduces it
         # (torch.distributed.algorithms.model_averaging.utils), every K steps or once an epoch;
         # the work around it (flatten, scale, unflatten) is what the profile measured for local SGD
@@ -74,13 +75,15 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
         if every > 2:
             occasional = comm
             notes.append(f"averaging amortized over {every} steps; the median step has none")
-    elif plan.strategy == "fsdp":
+    elif cost == "fsdp":
         comm, buffers = _fsdp_comm(profile, hw, ranks, fwd, bwd, slow)
         comm += env.sync_s
         grads, opt_state = stage_state(profile, 0, len(params), plan.optimizer, plan.momentum, shards=dp)
-    else:  # hogwild: no communication; workers update shared weights in place
+    elif cost == "shared":  # hogwild: no communication; workers update shared weights in place
         comm = 0.0
         notes.append("hogwild: lock-free updates modelled without memory-bandwidth contention")
+    else:
+        raise ValueError(f"{plan.strategy}: no data-parallel cost model {cost!r}")
     mem = MemoryBreakdown(**_baseline(profile, hw, plan.workers), gradients=grads, optimizer=opt_state,
                           buffers=int(buffers), activations=int(act), transient=transient_bytes(profile, act))
     return Prediction(plan, data + fb + comm + opt, _steps_per_epoch(profile, plan), fb, comm, 0.0, opt, data,

@@ -61,7 +61,8 @@ class Plan:
     def cli_args(self) -> list[str]:
         """The ``partrain train`` arguments that run this plan (``config.to_argv``; printed even
         for a plan that cannot run, with the reason)."""
-        return to_argv(self._config_fields("", ""), always=("strategy", "workers", "batch_size"))
+        fields = {k: v for k, v in self._config_fields("", "").items() if k not in ("model", "dataset")}
+        return to_argv(fields, always=("strategy", "workers", "batch_size"))
 
     def to_config(self, model: str, dataset: str, **extra) -> RunConfig:
         """The validated ``RunConfig`` (raises ``PartrainError`` naming what is wrong)."""

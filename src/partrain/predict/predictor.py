@@ -40,13 +40,13 @@ def _serial(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Predictio
 
 def predict_plan(profile: ModelProfile, hardware: HardwareProfile, plan: Plan) -> Prediction:
     """Seconds per step and epoch, peak memory per worker and the time breakdown of ``plan``."""
-    kind = plan.kind
-    if kind == "serial":
+    cost = plan.spec.cost  # the strategy's cost model, as its StrategySpec names it
+    if cost == "serial":
         pred = _serial(profile, hardware, plan)
-    elif kind in ("data", "shared"):
-        pred = _data_parallel(profile, hardware, plan)
-    else:
+    elif cost == "pipeline":
         pred = _pipeline(profile, hardware, plan)
+    else:
+        pred = _data_parallel(profile, hardware, plan)
     threads = _env(hardware, plan).threads
     if threads != profile.threads:
         note = f"model profiled with {profile.threads} threads per worker, plan runs {threads}"
