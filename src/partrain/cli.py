@@ -13,6 +13,7 @@ import sys
 from partrain import __version__
 from partrain.config import SCHEDULES, STRATEGIES, RunConfig
 from partrain.errors import PartrainError
+from partrain.models.options import add_model_option_arg, model_options
 
 
 def _print_table(table) -> None:
@@ -36,6 +37,7 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data-dir", help="where the datasets are (default: $PARTRAIN_DATA_DIR, else ~/.partrain/data)")
     g.add_argument("--synthetic", action="store_true", help="generated data of the dataset's shape instead of the real files")
     g.add_argument("--activation", choices=["relu", "sigmoid"], help="hidden activation of the mlp (default: relu)")
+    add_model_option_arg(g)
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
@@ -86,7 +88,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if workers is None:
         info = detect_launcher()
         workers = info.world_size if info.launched else 1
-    options = {"activation": args.activation} if args.activation else {}
+    options = model_options(args)
     return RunConfig(
         model=args.model, dataset=args.dataset, data_dir=args.data_dir, synthetic=args.synthetic, model_options=options,
         epochs=args.epochs, steps=args.steps, limit=args.limit, eval_limit=args.eval_limit, evaluate=args.evaluate,
@@ -138,8 +140,12 @@ def cmd_models(args: argparse.Namespace) -> int:
     spec = dataset_spec(args.dataset)
     print(f"models for {spec.name} {spec.input_shape}, {spec.num_classes} classes:")
     for name in list_models():
-        with torch.device("meta"):  # count parameters without allocating them
-            model = build_model(name, spec.input_shape, spec.num_classes)
+        try:
+            with torch.device("meta"):  # count parameters without allocating them
+                model = build_model(name, spec.input_shape, spec.num_classes)
+        except PartrainError:  # an image model on token data, gpt on images
+            print(f"  {name:<12} {'-':>14}  (not for {spec.name}'s input shape)")
+            continue
         from partrain.models import model_blocks
 
         print(f"  {name:<12} {count_parameters(model):>14,} parameters  {len(model_blocks(model)):>3} blocks")
@@ -340,7 +346,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             _print_table(hardware_table(hw))
         print(f"hardware profile: {path}", file=sys.stderr)
         return 0
-    options = {"activation": args.activation} if args.activation else {}
+    options = model_options(args)
     profile, path, reused = load_or_profile(
         args.model, args.dataset, args.batch_sizes, args.threads or os.cpu_count() or 1, args.profile_dir,
         args.data_dir, args.synthetic, options, refresh=args.refresh,
@@ -403,7 +409,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     local = args.workers if hw.nodes <= 1 else min(args.workers, hw.workers_per_node)
     cores_here = os.cpu_count() or 1
     threads = args.threads or max(1, cores_here // (1 if args.cluster else local))
-    options = {"activation": args.activation} if args.activation else {}
+    options = model_options(args)
     plans = candidate_plans(args.workers, args.batch_size)  # the profile is sized to cover every plan
     sizes = args.profile_batch_sizes or profile_batch_sizes([b for plan in plans for b in plan.batch_sizes()])
     profile, path, reused = load_or_profile(args.model, args.dataset, sizes, threads, args.profile_dir, args.data_dir,
@@ -575,7 +581,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             hw, _, reused = hardware_for(workers, args.profile_dir)
         profiled += [] if reused else ["collectives"]
     sizes = profile_batch_sizes(needed_batch_sizes(workers, args.batch_size))
-    options = {"activation": args.activation} if args.activation else {}
+    options = model_options(args)
 
     def profile_for(threads: int):
         threads = min(threads, os.cpu_count() or 1)  # a cluster's cores are not here: profile on ours
@@ -613,7 +619,7 @@ def _run_recommended(rec, args: argparse.Namespace) -> dict:
     from partrain.runner import run_training
 
     cfg = rec.winner.plan.to_config(args.model, args.dataset, data_dir=args.data_dir, synthetic=args.synthetic,
-                                    model_options={"activation": args.activation} if args.activation else {},
+                                    model_options=model_options(args),
                                     steps=args.steps, eval_limit=1000)
     result = run_training(cfg, show_progress=not args.json)
     if result is None:

@@ -14,6 +14,8 @@ import os
 import sys
 import traceback
 
+import torch
+
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from partrain.config import RunConfig
@@ -22,7 +24,7 @@ from partrain.distributed.launch import LaunchInfo, detect_launcher
 from partrain.distributed.spawn import spawn
 from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
-from partrain.strategies.partition import pipeline_refusal
+from partrain.strategies.pipeline import check_pipeline
 from partrain.train import RunResult, train_worker
 
 
@@ -30,10 +32,10 @@ def preflight(cfg: RunConfig) -> None:
     """Everything that can be checked without a process group, checked in the launcher."""
     spec = dataset_spec(cfg.dataset)
     # reading the test split proves the files exist and parse (the train split is read by the workers)
-    load_dataset(cfg.dataset, "test", data_dir=cfg.data_dir, synthetic=cfg.synthetic, limit=1)
+    test = load_dataset(cfg.dataset, "test", data_dir=cfg.data_dir, synthetic=cfg.synthetic, limit=2)
     model = build_model(cfg.model, spec.input_shape, spec.num_classes, **cfg.model_options)
-    if reason := pipeline_refusal(cfg, len(model_blocks(model))):
-        raise PartrainError(reason)
+    if cfg.dims.pp * cfg.stages_per_worker > 1:  # what the stages would send each other, or the tracer's verdict
+        check_pipeline(model, model_blocks(model), cfg, test.get(torch.arange(len(test)))[0])
     if cfg.strategy == "hogwild" and cfg.backend == "nccl":
         raise PartrainError("hogwild shares weights in host memory: run it with --backend gloo")
 
