@@ -126,3 +126,33 @@ class Stage(nn.Module):
         if isinstance(out, torch.Tensor):
             return _contiguous(out)
         return tuple(_contiguous(t) for t in out)
+
+
+@torch.no_grad()
+def stage_examples(stages: list[Stage], mb_sample: torch.Tensor) -> list[tuple[tuple, tuple]]:
+    """Each stage's (inputs, outputs) on one micro-batch, as meta tensors: the stages' static metadata.
+
+    Given these, ``PipelineStage`` sizes its send and receive buffers from them instead of
+    inferring them by running each stage on uninitialised tensors, which would hand an
+    embedding garbage token ids. Costs one forward of the model on one micro-batch (eval
+    mode: no RNG drawn, no statistics updated). Received floats carry gradients back; the
+    first stage's input (the data) does not.
+    """
+    modes = [(m, m.training) for st in stages for m in st.modules()]
+    for st in stages:
+        st.eval()
+    try:
+        examples, args = [], (mb_sample,)
+        for s, stage in enumerate(stages):
+            out = stage(*args)
+            outs = out if isinstance(out, tuple) else (out,)
+            examples.append((tuple(_meta(a, s > 0) for a in args), tuple(_meta(o, True) for o in outs)))
+            args = outs
+        return examples
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+def _meta(t: torch.Tensor, grad: bool) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype, device="meta").requires_grad_(grad and t.is_floating_point())

@@ -40,7 +40,7 @@ from partrain.config import RunConfig
 from partrain.distributed.context import DistContext
 from partrain.events import EventLog
 from partrain.strategies.base import Stepper, loss_fn, make_optimizer, shard_rows
-from partrain.strategies.boundary import Stage, probe_boundaries
+from partrain.strategies.boundary import Stage, probe_boundaries, stage_examples
 from partrain.errors import PartrainError
 from partrain.strategies.partition import Partition, partition, pipeline_refusal
 from partrain.strategies.tied import sum_tied_gradients, tied_groups
@@ -158,14 +158,17 @@ def parallelize_pipeline(
     tied = tied_groups([blocks[a:b] for a, b in part.bounds], pp, ctx.dims.dp, ctx.pp_rank, ctx.dp_rank) if pp > 1 else []
     pp_group = ctx.group("pp")
     stage_ids = [ctx.pp_rank + k * pp for k in range(v)]  # looped placement for interleaving
+    every = [stage_module(blocks[a:b], cfg.recompute, crossings[a - 1] if a else None) for a, b in part.bounds]
+    examples = stage_examples(every, mb_sample)
     modules, stages = [], []
     for s in stage_ids:
-        a, b = part.bounds[s]
-        module = stage_module(blocks[a:b], cfg.recompute, crossings[a - 1] if a else None).to(ctx.device)
+        module = every[s].to(ctx.device)
         if ctx.dims.dp > 1:  # hybrid: replicate this stage over its dp group
             fully_shard(module, mesh=ctx.mesh["dp", "shard"], reshard_after_forward=False)
         modules.append(module)
-        stages.append(TracedStage(module, s, n_stages, ctx.device, group=pp_group, events=ctx.events))
+        inputs, outputs = examples[s]
+        stages.append(TracedStage(module, s, n_stages, ctx.device, input_args=inputs, output_args=outputs,
+                                  group=pp_group, events=ctx.events))
     stepper = build_stepper(stages, modules, cfg, ctx)
     stepper.partition, stepper.tied = part, tied
     return stepper
