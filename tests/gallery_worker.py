@@ -19,18 +19,19 @@ from partrain.train import _train
 
 
 @record
-def run_cells(cells: list[tuple[str, RunConfig]]) -> dict[str, list[float] | str]:
-    """{cell name: per-step losses, or the error it raised}, on every rank."""
+def run_cells(cells: list[tuple[str, RunConfig]]) -> dict[str, dict | str]:
+    """{cell name: {"losses": per-step losses, "accuracy": test accuracy or None}, or the error it raised}."""
     info = detect_launcher()
     torch.set_num_threads(1)
     backend = init_process_group(info, "gloo", timeout_s=60)
     device = torch.device("cpu")
-    out: dict[str, list[float] | str] = {}
+    out: dict[str, dict | str] = {}
     for name, cfg in cells:
         mesh = None if cfg.strategy == "serial" else build_mesh(cfg.dims, device)
         ctx = DistContext(info, backend, device, cfg.dims, mesh, EventLog(None, info.rank))
         try:
-            out[name] = _train(cfg, ctx, 1, False).step_losses
+            result = _train(cfg, ctx, 1, False)
+            out[name] = {"losses": result.step_losses, "accuracy": result.test_accuracy}
         except Exception as err:  # noqa: BLE001 - the test reports it per cell
             out[name] = f"{type(err).__name__}: {err}"
             break  # the peer may be waiting in a collective this rank left: no later cell can be trusted

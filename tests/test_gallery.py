@@ -52,13 +52,15 @@ STRATEGIES = {
     "hogwild": dict(strategy="hogwild", workers=2),
 }
 SYNCHRONOUS = [s for s in STRATEGIES if s not in ("serial", "hogwild")]
+EVALUATED = ["tuple_out", "traced", "gpt"]
 
 
 def _config(model: str, strategy: str) -> RunConfig:
     name = "gpt" if model == "gpt" else f"tests.gallery:{model}"
     options = dict(layers=2, d_model=32, heads=4) if model == "gpt" else {}
-    return RunConfig(model=name, model_options=options, steps=STEPS, batch_size=32, momentum=0.0,
-                     evaluate=False, threads=1, timeout_s=60, **MODELS[model], **STRATEGIES[strategy])
+    scored = model in EVALUATED  # evaluation runs the schedules' eval path and scores token logits per token
+    return RunConfig(model=name, model_options=options, steps=STEPS, batch_size=32, momentum=0.0, evaluate=scored,
+                     eval_limit=64, threads=1, timeout_s=60, **MODELS[model], **STRATEGIES[strategy])
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +72,14 @@ def matrix() -> dict[str, list[float] | str]:
     return spawn(run_cells, (cells,), 2)[0]
 
 
-def _losses(matrix, model: str, strategy: str) -> torch.Tensor:
+def _result(matrix, model: str, strategy: str) -> dict:
     got = matrix[f"{model}/{strategy}"]
     assert not isinstance(got, str), f"{model} with {strategy} failed: {got}"
+    return got
+
+
+def _losses(matrix, model: str, strategy: str) -> torch.Tensor:
+    got = _result(matrix, model, strategy)["losses"]
     assert len(got) == STEPS and all(math.isfinite(v) for v in got)
     return torch.tensor(got)
 
@@ -90,6 +97,15 @@ def test_synchronous_equals_serial(matrix, model, strategy):
     serial = _losses(matrix, model, "serial")
     assert serial[-2:].mean() < serial[:2].mean(), f"{model} did not learn serially"
     assert _rel(_losses(matrix, model, strategy), serial) <= 1e-4
+
+
+@pytest.mark.parametrize("model", EVALUATED)
+def test_evaluation_equals_serial(matrix, model):
+    # the same final weights score the same test rows alike, through every schedule's eval path
+    serial = _result(matrix, model, "serial")["accuracy"]
+    assert serial is not None and 0 < serial < 1
+    for strategy in SYNCHRONOUS:
+        assert abs(_result(matrix, model, strategy)["accuracy"] - serial) <= 1e-3, strategy
 
 
 @pytest.mark.parametrize("model", list(MODELS))
