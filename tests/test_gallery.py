@@ -153,3 +153,26 @@ def test_refusals_name_the_fix():
     with pytest.raises(PartrainError, match=r"return \(model, blocks\) from the factory"):
         preflight(RunConfig(model="tests.gallery:untraceable", **IMAGE, **STRATEGIES["gpipe"]))
     preflight(RunConfig(model="tests.gallery:dict_out", **IMAGE, **STRATEGIES["ddp"]))  # data parallel: no boundary
+
+
+def _run(**overrides) -> list[float]:
+    from partrain.runner import run_training
+
+    base = dict(steps=6, batch_size=32, momentum=0.0, evaluate=False, threads=1, timeout_s=60)
+    return torch.tensor(run_training(RunConfig(**{**base, **overrides}), show_progress=False).step_losses)
+
+
+@pytest.mark.slow
+def test_tied_gpt_on_a_2x2_hybrid_equals_serial():
+    # the tie's copies live on both stages of each replica; replicas average, stages sum
+    gpt = dict(model="gpt", model_options=dict(layers=2, d_model=32, heads=4, tie=True), **TOKENS)
+    serial = _run(**gpt)
+    assert _rel(_run(**gpt, strategy="hybrid", workers=4, pp=2, dp=2, microbatches=2), serial) <= 1e-4
+
+
+@pytest.mark.slow
+def test_traced_module_interleaved_equals_serial():
+    traced = dict(model="tests.gallery:traced", **IMAGE)
+    serial = _run(**traced)
+    interleaved = _run(**traced, strategy="1f1b", schedule="interleaved-1f1b", stages_per_worker=2, workers=2, microbatches=4)
+    assert _rel(interleaved, serial) <= 1e-4
