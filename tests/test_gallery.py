@@ -147,6 +147,15 @@ def test_refused_before_any_worker_starts(model, message, strategy):
 
 
 
+def test_cli_refuses_in_one_line_with_status_2(capsys):
+    from partrain.cli import main
+
+    status = main(["train", "--model", "tests.gallery:dict_out", "--synthetic", "--strategy", "1f1b", "--workers", "2"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1
+    assert err.startswith("partrain: error: block 0 (ReturnsDict) returns a dict")
+
+
 def test_refusals_name_the_fix():
     with pytest.raises(PartrainError, match="or use a data-parallel strategy"):
         preflight(RunConfig(model="tests.gallery:dict_out", **IMAGE, **STRATEGIES["gpipe"]))
