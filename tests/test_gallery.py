@@ -147,6 +147,11 @@ def test_refused_before_any_worker_starts(model, message, strategy):
 
 
 
+def test_traced_module_needs_blocks_for_replicated_pipelines():
+    with pytest.raises(PartrainError, match=r"hybrid with dp > 1 needs .*return \(model, blocks\)"):
+        preflight(RunConfig(model="tests.gallery:traced", **IMAGE, strategy="hybrid", workers=4, pp=2, dp=2))
+
+
 def test_cli_refuses_in_one_line_with_status_2(capsys):
     from partrain.cli import main
 

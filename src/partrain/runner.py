@@ -23,7 +23,7 @@ from partrain.data import dataset_spec, load_dataset
 from partrain.distributed.launch import LaunchInfo, detect_launcher
 from partrain.distributed.spawn import spawn
 from partrain.errors import PartrainError
-from partrain.models import build_model, model_blocks
+from partrain.models import build_model
 from partrain.strategies.pipeline import check_pipeline
 from partrain.train import RunResult, train_worker
 
@@ -33,9 +33,11 @@ def preflight(cfg: RunConfig) -> None:
     spec = dataset_spec(cfg.dataset)
     # reading the test split proves the files exist and parse (the train split is read by the workers)
     test = load_dataset(cfg.dataset, "test", data_dir=cfg.data_dir, synthetic=cfg.synthetic, limit=2)
-    model = build_model(cfg.model, spec.input_shape, spec.num_classes, **cfg.model_options)
+    build = lambda: build_model(cfg.model, spec.input_shape, spec.num_classes, **cfg.model_options)  # noqa: E731
     if cfg.dims.pp * cfg.stages_per_worker > 1:  # what the stages would send each other, or the tracer's verdict
-        check_pipeline(model, model_blocks(model), cfg, test.get(torch.arange(len(test)))[0])
+        check_pipeline(build, cfg, test.get(torch.arange(len(test)))[0])
+    else:
+        build()
     if cfg.strategy == "hogwild" and cfg.backend == "nccl":
         raise PartrainError("hogwild shares weights in host memory: run it with --backend gloo")
 

@@ -121,13 +121,29 @@ def choose_partition(blocks: list[nn.Module], n_stages: int, cfg: RunConfig, ctx
     return box[0]
 
 
-def check_pipeline(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, sample) -> None:
-    """Refuse, before any worker starts, a pipeline ``cfg`` cannot cut from ``model`` (one line, with the fix).
+def check_pipeline(build, cfg: RunConfig, sample) -> None:
+    """Refuse, before any worker starts, a pipeline ``cfg`` cannot cut (one line, with the fix).
 
-    Blocks: the cut's arithmetic and what every block returns. A plain module: its
-    candidate submodules and a trace by ``torch.export`` (a second or so for small models).
+    ``build()`` makes the model. Blocks: the cut's arithmetic and what every block returns,
+    probed on the meta device (shapes and types, no arithmetic; the model is built there
+    too, allocating nothing), or on the CPU where an op has no meta kernel or reads values.
+    A plain module: its candidate submodules and a trace by ``torch.export`` (about a
+    second for a small model).
     """
+    from partrain.models import model_blocks
+
     n_stages = cfg.dims.pp * cfg.stages_per_worker
+    try:
+        with torch.device("meta"):
+            model = build()
+        blocks = model_blocks(model)
+    except PartrainError:
+        raise
+    except Exception:  # noqa: BLE001 - a factory that cannot build on meta is built for real
+        model = None
+    if model is None or (len(blocks) == 1 and n_stages > 1):
+        model = build()
+        blocks = model_blocks(model)
     if len(blocks) == 1 and n_stages > 1:
         from partrain.strategies.traced import choose_cut, trace
 
@@ -138,7 +154,12 @@ def check_pipeline(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, sa
         return
     if reason := pipeline_refusal(cfg, len(blocks)):
         raise PartrainError(reason)
-    probe_boundaries(blocks, sample)
+    try:
+        probe_boundaries(blocks, sample.to(next(model.parameters(), sample).device))
+    except PartrainError:
+        raise
+    except Exception:  # noqa: BLE001 - no meta kernel, or an op that reads values: probe for real
+        probe_boundaries(model_blocks(build()), sample)
 
 
 def parallelize_pipeline(
