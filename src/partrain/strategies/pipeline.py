@@ -121,36 +121,28 @@ def choose_partition(blocks: list[nn.Module], n_stages: int, cfg: RunConfig, ctx
     return box[0]
 
 
-def check_pipeline(build, cfg: RunConfig, sample) -> None:
+def check_pipeline(model: nn.Module, build, cfg: RunConfig, sample) -> None:
     """Refuse, before any worker starts, a pipeline ``cfg`` cannot cut (one line, with the fix).
 
-    ``build()`` makes the model. Blocks: the cut's arithmetic and what every block returns,
-    probed on the meta device (shapes and types, no arithmetic; the model is built there
-    too, allocating nothing), or on the CPU where an op has no meta kernel or reads values.
-    A plain module: its candidate submodules and a trace by ``torch.export`` (about a
-    second for a small model).
+    ``model`` is the launcher's checked model, on the meta device where it builds there
+    (shapes and types, no arithmetic, nothing allocated); ``build()`` makes a real one when
+    needed. Blocks: the cut's arithmetic and what every block returns, probed on ``model``'s
+    device (on a real model where an op has no meta kernel or reads values). A plain
+    module: its candidate submodules and a trace by ``torch.export`` of a real model (about
+    a second for a small one).
     """
     from partrain.models import model_blocks
 
     n_stages = cfg.dims.pp * cfg.stages_per_worker
-    try:
-        with torch.device("meta"):
-            model = build()
-        blocks = model_blocks(model)
-    except PartrainError:
-        raise
-    except Exception:  # noqa: BLE001 - a factory that cannot build on meta is built for real
-        model = None
-    if model is None or (len(blocks) == 1 and n_stages > 1):
-        model = build()
-        blocks = model_blocks(model)
+    blocks = model_blocks(model)
     if len(blocks) == 1 and n_stages > 1:
         from partrain.strategies.traced import choose_cut, trace
 
         if cfg.dims.dp > 1:
             raise PartrainError(f"hybrid with dp > 1 needs {cfg.model}'s blocks: return (model, blocks) from the factory, or use --dp 1")
-        part, names = choose_cut(model, n_stages, sample, "params", cfg.split_points)
-        trace(model, part, names, sample)
+        real = build()
+        part, names = choose_cut(real, n_stages, sample, "params", cfg.split_points)
+        trace(real, part, names, sample)
         return
     if reason := pipeline_refusal(cfg, len(blocks)):
         raise PartrainError(reason)
