@@ -1,10 +1,12 @@
 """Shared fixtures: the real offline datasets live in ../shared/data, next to the repository."""
 
+import os
 from pathlib import Path
 
 import pytest
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+# $PARTRAIN_DATA_DIR first (a worktree's checkout is not beside shared/), else ../shared/data
+DATA_DIR = Path(os.environ.get("PARTRAIN_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
 @pytest.fixture(scope="session")

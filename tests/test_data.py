@@ -55,7 +55,7 @@ def test_specs_cover_every_dataset_with_its_shape():
         "mnist": ((1, 28, 28), 10, False), "fashion-mnist": ((1, 28, 28), 10, False),
         "emnist": ((1, 28, 28), 26, False), "cifar10": ((3, 32, 32), 10, False),
         "ocr-letters": ((1, 16, 8), 10, False), "imagenet": ((3, 224, 224), 1000, True),
-        "highres": ((3, 512, 512), 1000, True),
+        "highres": ((3, 512, 512), 1000, True), "tokens": ((64,), 256, True),
     }
     assert dataset_spec("imagenet").train_size == 1_281_167
     with pytest.raises(PartrainError, match="unknown dataset 'svhn'.*mnist.*highres"):
@@ -306,3 +306,41 @@ def test_csv_corrupt(data_dir, tmp_path, row, phrases):
     path.write_text("\n".join(lines[:2] + [row] + lines[3:]) + "\n")
     with raises_naming(path, *phrases):
         load_dataset("ocr-letters", "test", data_dir=tmp_path)
+
+
+# --- token datasets -------------------------------------------------------------------------
+
+def test_generated_tokens_are_next_token_pairs_and_a_pure_function_of_the_index():
+    ds = load_dataset("tokens@16", "train", seed=3)
+    x, y = ds.get(torch.tensor([5, 9, 5]))
+    assert x.shape == y.shape == (3, 16) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])  # y is x shifted by one token
+    assert torch.equal(x[0], x[2]) and not torch.equal(x[0], x[1])
+    assert torch.equal(load_dataset("tokens@16", "train", seed=3).get(torch.tensor([9]))[0][0], x[1])
+    assert not torch.equal(load_dataset("tokens@16", "test", seed=3).get(torch.tensor([5]))[0][0], x[0])
+    assert not torch.equal(load_dataset("tokens@16", "train", seed=4).get(torch.tensor([5]))[0][0], x[0])
+
+
+def test_text_file_gives_byte_windows_split_90_10(tmp_path):
+    text = "na\u00efve caf\u00e9 " * 40  # UTF-8 with two-byte characters
+    path = tmp_path / "t.txt"
+    path.write_text(text, encoding="utf-8")
+    raw = torch.tensor(list(text.encode("utf-8")))
+    train = load_dataset(f"text:{path}@8", "train")
+    test = load_dataset(f"text:{path}@8", "test")
+    cut = int(len(raw) * 0.9)
+    assert len(train) == (cut - 1) // 8 and len(test) == (len(raw) - cut - 1) // 8
+    x, y = train.get(torch.tensor([2]))
+    assert torch.equal(x[0], raw[16:24]) and torch.equal(y[0], raw[17:25])
+    assert torch.equal(test.get(torch.tensor([0]))[0][0], raw[cut:cut + 8])
+
+
+def test_text_file_refusals(tmp_path):
+    with pytest.raises(PartrainError, match="not found"):
+        dataset_spec(f"text:{tmp_path}/missing.txt")
+    (tmp_path / "bin.txt").write_bytes(bytes([0xFF, 0xFE]) * 100)
+    with pytest.raises(PartrainError, match="not UTF-8"):
+        dataset_spec(f"text:{tmp_path}/bin.txt")
+    (tmp_path / "short.txt").write_text("hi")
+    with pytest.raises(PartrainError, match="too few"):
+        load_dataset(f"text:{tmp_path}/short.txt", "train")

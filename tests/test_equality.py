@@ -20,7 +20,7 @@ STEPS = 20
 
 def _run(tmp_path, data_dir, name: str, **overrides) -> tuple[list[float], dict]:
     model_file = tmp_path / f"{name}.pt"
-    base = dict(dataset="mnist", data_dir=str(data_dir), steps=STEPS, batch_size=64, evaluate=False,
+    base = dict(dataset="mnist", data_dir=str(data_dir) if data_dir else None, steps=STEPS, batch_size=64, evaluate=False,
                 threads=1, timeout_s=60, save_model=str(model_file))
     result = run_training(RunConfig(**{**base, **overrides}), show_progress=False)
     return result.step_losses, torch.load(model_file, weights_only=True)
@@ -91,3 +91,18 @@ def test_cnn_equals_serial(tmp_path, data_dir, serial_cnn, name, overrides):
 def test_every_strategy_on_one_worker_equals_serial(tmp_path, data_dir, serial_mlp, strategy):
     # a world of one still builds its process group and mesh: the 1-worker point of a scaling study
     _assert_same(_run(tmp_path, data_dir, strategy, model="mlp", strategy=strategy, workers=1), serial_mlp)
+
+
+@pytest.fixture(scope="module")
+def serial_gpt(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("serial_gpt"), None, "serial", **GPT)
+
+
+GPT = dict(model="gpt", dataset="tokens@16", model_options=dict(layers=2, d_model=32, heads=4), lr=0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,overrides", CASES, ids=[c[0] for c in CASES])
+def test_gpt_equals_serial(tmp_path, serial_gpt, name, overrides):
+    # token ids in, [n, T, vocab] logits out, per-token cross-entropy; generated tokens, no files
+    _assert_same(_run(tmp_path, None, name, **GPT, **overrides), serial_gpt)

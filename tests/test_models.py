@@ -18,7 +18,31 @@ def build_on_meta(name, input_shape, num_classes):
 
 
 def test_list_models_is_the_zoo():
-    assert list_models() == ZOO
+    assert list_models() == [*ZOO, "gpt"]  # image models, then the token model
+
+
+def test_gpt_is_causal_and_sized_by_options():
+    import torch
+
+    model = build_model("gpt", (16,), 256, layers=3, d_model=32, heads=4, context=32)
+    assert len(model_blocks(model)) == 5  # embed, 3 blocks, head
+    ids = torch.randint(0, 256, (2, 16))
+    logits = model(ids)
+    assert logits.shape == (2, 16, 256)
+    changed = ids.clone()
+    changed[:, 10:] = (changed[:, 10:] + 1) % 256  # a different future leaves the past's logits alone
+    torch.testing.assert_close(model(changed)[:, :10], logits[:, :10])
+    assert not torch.allclose(model(changed)[:, 10:], logits[:, 10:])
+
+
+@pytest.mark.parametrize("shape,options,message", [
+    ((1, 28, 28), {}, "needs token sequences"),
+    ((16,), dict(d_model=30, heads=4), "multiple of heads"),
+    ((16,), dict(context=8), "shorter than the dataset"),
+])
+def test_gpt_refuses_bad_sizes(shape, options, message):
+    with pytest.raises(PartrainError, match=message):
+        build_model("gpt", shape, 256, **options)
 
 
 @pytest.mark.parametrize(

@@ -84,8 +84,12 @@ def cmd_models(args: argparse.Namespace) -> int:
     spec = dataset_spec(args.dataset)
     print(f"models for {spec.name} {spec.input_shape}, {spec.num_classes} classes:")
     for name in list_models():
-        with torch.device("meta"):  # count parameters without allocating them
-            model = build_model(name, spec.input_shape, spec.num_classes)
+        try:
+            with torch.device("meta"):  # count parameters without allocating them
+                model = build_model(name, spec.input_shape, spec.num_classes)
+        except PartrainError:  # an image model on token data, gpt on images
+            print(f"  {name:<12} {'-':>14}  (not for {spec.name}'s input shape)")
+            continue
         from partrain.models import model_blocks
 
         print(f"  {name:<12} {count_parameters(model):>14,} parameters  {len(model_blocks(model)):>3} blocks")

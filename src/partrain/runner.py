@@ -15,6 +15,8 @@ import sys
 import traceback
 from pathlib import Path
 
+import torch
+
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from partrain import checkpoint
@@ -23,9 +25,9 @@ from partrain.data import dataset_spec, load_dataset
 from partrain.distributed.launch import LaunchInfo, detect_launcher
 from partrain.distributed.spawn import spawn
 from partrain.errors import PartrainError
-from partrain.models import model_blocks
+from partrain.models import build_model
 from partrain.models.check import checked_model
-from partrain.strategies.partition import pipeline_refusal
+from partrain.strategies.pipeline import check_pipeline
 from partrain.train import RunResult, train_worker
 
 
@@ -34,10 +36,12 @@ def preflight(cfg: RunConfig) -> RunConfig:
     returns ``cfg`` as the workers should run it (a resume keeps its checkpoint's pipeline cut)."""
     spec = dataset_spec(cfg.dataset)
     # reading the test split proves the files exist and parse (the train split is read by the workers)
-    load_dataset(cfg.dataset, "test", data_dir=cfg.data_dir, synthetic=cfg.synthetic, limit=1)
-    model = checked_model(cfg.model, spec.input_shape, spec.num_classes, cfg.model_options)
-    if reason := pipeline_refusal(cfg, len(model_blocks(model))):
-        raise PartrainError(reason)
+    test = load_dataset(cfg.dataset, "test", data_dir=cfg.data_dir, synthetic=cfg.synthetic, limit=2)
+    sample = test.get(torch.arange(len(test)))[0]  # token ids are int64, images float32
+    model = checked_model(cfg.model, spec.input_shape, spec.num_classes, cfg.model_options, input_dtype=sample.dtype)
+    if cfg.dims.pp * cfg.stages_per_worker > 1:  # what the stages would send each other, or the tracer's verdict
+        build = lambda: build_model(cfg.model, spec.input_shape, spec.num_classes, **cfg.model_options)  # noqa: E731
+        check_pipeline(model, build, cfg, sample)
     if cfg.strategy == "hogwild" and cfg.backend == "nccl":
         raise PartrainError("hogwild shares weights in host memory: run it with --backend gloo")
     check_machine(cfg)

@@ -33,7 +33,7 @@ from partrain.events import EventLog
 from partrain.models import build_model, count_parameters, model_blocks
 from partrain.progress import StepProgress
 from partrain.strategies import PARALLELIZE, Stepper
-from partrain.strategies.base import all_reduce_sum, gather_model_state, world_mean_losses
+from partrain.strategies.base import all_reduce_sum, gather_model_state, loss_fn, world_mean_losses
 from partrain.strategies.partition import describe
 
 
@@ -128,7 +128,7 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool) 
     part = getattr(stepper, "partition", None)
     result = RunResult(cfg.to_dict(), ctx.world_size, ctx.backend, threads, count_parameters(model))
     if part is not None:
-        result.partition, result.split_points = describe(part, blocks), part.split_points
+        result.partition, result.split_points = describe(part, getattr(stepper, "cut_blocks", blocks)), part.split_points
 
     # --- resume: position, weights, optimizer state and RNG, as they were
     meta = checkpoint.run_meta(cfg, part.split_points if part is not None else None)
@@ -236,8 +236,8 @@ def evaluate(stepper: Stepper, test_set, batch_size: int, device: torch.device) 
         logits = stepper.eval_logits(x, y)
         if logits is not None:
             logits, y = logits[valid.to(logits.device)], y[valid.to(y.device)]
-            totals += torch.tensor(
-                [torch.nn.functional.cross_entropy(logits, y, reduction="sum").item(), (logits.argmax(1) == y).sum().item(), len(y)],
+            totals += torch.tensor(  # per sample, or per token for token logits [n, T, V]
+                [loss_fn(logits, y, reduction="sum").item(), (logits.argmax(-1) == y).sum().item(), y.numel()],
                 dtype=torch.float64,
             )
     totals = all_reduce_sum(totals, device)

@@ -46,10 +46,16 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
-    """Keyword arguments of the zoo's model factories (``RunConfig.model_options``), beside the model."""
+    """Keyword arguments of the model's factory (``RunConfig.model_options``), beside the model:
+    ``--activation`` for the mlp, ``--model-option KEY=VALUE`` for any model."""
+    from partrain.models.options import add_model_option_arg
+
     group = next((g for g in p._action_groups if g.title == "model and data"), p)
     group.add_argument("--activation", choices=["relu", "sigmoid"], help="hidden activation of the mlp (default: relu)")
+    add_model_option_arg(group)
 
 
 def model_options(args: argparse.Namespace) -> dict:
-    return {"activation": args.activation} if getattr(args, "activation", None) else {}
+    from partrain.models.options import model_options as given
+
+    return given(args)

@@ -34,6 +34,7 @@ from partrain.data.idx import read_idx_pair
 from partrain.data.ocr import read_ocr_csv
 from partrain.data.spec import DatasetSpec, dataset_spec
 from partrain.data.synthetic import SyntheticDataset
+from partrain.data.tokens import is_token_dataset, load_tokens
 from partrain.errors import PartrainError
 
 DATA_DIR_ENV = "PARTRAIN_DATA_DIR"
@@ -67,9 +68,11 @@ def load_dataset(name: str, split: str = "train", *, data_dir: str | os.PathLike
     ``synthetic`` (implied for ``synthetic_only`` datasets) generates ``size`` samples
     (default: the spec's split size) from ``seed``; ``limit`` keeps the first ``limit`` samples.
     """
-    spec = dataset_spec(name)
     if split not in ("train", "test"):
         raise PartrainError(f"unknown split {split!r}; use 'train' or 'test'")
+    if is_token_dataset(name):  # generated walks or a text file's bytes: tokens.py
+        return load_tokens(name, split, seed=seed, limit=limit)
+    spec = dataset_spec(name)
     for arg, value in (("limit", limit), ("size", size)):
         if value is not None and value < 1:
             raise PartrainError(f"{arg} must be at least 1, got {value}")

@@ -55,11 +55,19 @@ _SPECS = {
 
 
 def dataset_spec(name: str) -> DatasetSpec:
+    from partrain.data.tokens import is_token_dataset, token_spec  # tokens.py builds on DatasetSpec
+
+    if is_token_dataset(name):
+        return token_spec(name)
     try:
         return _SPECS[name]
     except KeyError:
-        raise PartrainError(f"unknown dataset {name!r}; known datasets: {', '.join(_SPECS)}") from None
+        raise PartrainError(
+            f"unknown dataset {name!r}; known datasets: {', '.join(_SPECS)}, tokens, or text:PATH for a UTF-8 file"
+        ) from None
 
 
 def list_datasets() -> list[DatasetSpec]:
-    return list(_SPECS.values())
+    from partrain.data.tokens import token_spec
+
+    return [*_SPECS.values(), token_spec("tokens")]

@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from partrain.errors import PartrainError
 from partrain.models.cnn import cnn
+from partrain.models.gpt import gpt
 from partrain.models.mlp import mlp
 from partrain.models.mobilenet import mobilenetv2
 from partrain.models.resnet import resnet18, resnet50, resnet152
@@ -26,6 +27,7 @@ _ZOO: dict[str, Callable[..., nn.Module]] = {
     "vgg11": vgg11,
     "vgg16": vgg16,
     "mobilenetv2": mobilenetv2,
+    "gpt": gpt,
 }
 
 # A user factory's explicit blocks live here, as a plain list so nn.Module does not register
@@ -47,7 +49,8 @@ def model_blocks(model: nn.Module) -> list[nn.Module]:
     """The ordered blocks of ``model``: applied in order to an input, they compute ``model(input)``.
 
     The blocks a user factory returned; else the children of an ``nn.Sequential`` (every zoo
-    model is one); else ``[model]``, a single block that no pipeline can split.
+    model is one); else ``[model]``, a single block, which pipelines cut with
+    ``torch.distributed.pipelining``'s tracer instead (``strategies/traced.py``).
     """
     blocks = getattr(model, _BLOCKS_ATTR, None)
     if blocks is not None:

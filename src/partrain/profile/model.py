@@ -35,7 +35,6 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from partrain.data import load_dataset
@@ -51,6 +50,7 @@ from partrain.models import build_model, model_blocks
 from partrain.predict.machine import fingerprint
 from partrain.predict.profiles import BlockProfile, ModelProfile
 from partrain.spec import SPECS
+from partrain.strategies.base import loss_fn  # class or per-token cross-entropy, as training scores it
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
 MIN_REPEATS, MAX_REPEATS, TARGET_S = 3, 50, 0.25  # timed runs per measurement: at least 3, about 0.25 s
@@ -186,7 +186,7 @@ def _time_loss_and_data(model: nn.Module, train_set, batch: int) -> dict[str, fl
     n = len(train_set)
     x, y = train_set.get(torch.randint(0, n, (batch,)))
     logits = model(x).detach().requires_grad_()
-    loss = _median_times(_timed(lambda: F.cross_entropy(logits, y).backward()))[0]
+    loss = _median_times(_timed(lambda: loss_fn(logits, y).backward()))[0]
     data = _median_times(_timed(lambda: train_set.get(torch.randint(0, n, (batch,)))))[0]
     return {"loss_s": loss, "data_s": data}
 
@@ -233,7 +233,7 @@ def baseline_probe() -> None:
         x, y = train_set.get(torch.arange(b) % len(train_set))
         for _ in range(2):  # the first step allocates the momentum, the second runs with it
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(net(x), y).backward()
+            loss_fn(net(x), y).backward()
             opt.step()
         out["train_peaks"].append(_status_bytes("VmHWM"))
     steps = args["world_of_one_steps"]
@@ -309,7 +309,7 @@ def _loop_step_s(net: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -
     for _ in range(WORLD_OF_ONE_WARMUP + steps):
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(net(x), y).backward()
+        loss_fn(net(x), y).backward()
         opt.step()
         samples.append(time.perf_counter() - start)
     return _lower_half_median(samples[WORLD_OF_ONE_WARMUP:])

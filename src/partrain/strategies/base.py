@@ -27,9 +27,16 @@ def make_optimizer(params, cfg: RunConfig) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
-def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the batch (pipelines apply it per micro-batch and rescale)."""
-    return F.cross_entropy(logits, target)
+def loss_fn(logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy over the batch (pipelines apply it per micro-batch and rescale).
+
+    Class logits ``[n, C]`` against ``[n]``; token logits ``[n, T, V]`` against ``[n, T]``
+    score every token (the mean is over all ``n * T`` of them, so equal micro-batches still
+    average to the batch's loss).
+    """
+    if logits.dim() > 2:
+        logits, target = logits.flatten(0, -2), target.flatten()
+    return F.cross_entropy(logits, target, reduction=reduction)
 
 
 def shard_rows(global_batch: int, parts: int, index: int) -> slice:

@@ -21,8 +21,15 @@ def parallelize_fsdp(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, 
     model.to(ctx.device)
     dp_mesh = ctx.mesh["dp"]
     for block in blocks:
-        if block is not model and any(p.requires_grad for p in block.parameters()):
+        # a block sharing a parameter with another (tied embedding and head) stays in the root
+        # unit: a parameter belongs to exactly one FSDP unit
+        if block is not model and any(p.requires_grad for p in block.parameters()) and not _shares(block, blocks):
             fully_shard(block, mesh=dp_mesh)
     fully_shard(model, mesh=dp_mesh)
     rows = shard_rows(cfg.batch_size, ctx.dims.dp, ctx.dp_rank)
     return Stepper(model, make_optimizer(model.parameters(), cfg), rows, ctx.events)
+
+
+def _shares(block: nn.Module, blocks: list[nn.Module]) -> bool:
+    mine = {id(p) for p in block.parameters()}
+    return any(mine & {id(p) for p in other.parameters()} for other in blocks if other is not block)

@@ -21,26 +21,46 @@ def param_costs(blocks: list[nn.Module]) -> list[float]:
     return [float(sum(p.numel() for p in b.parameters())) for b in blocks]
 
 
-def measure_block_times(blocks: list[nn.Module], sample: torch.Tensor, repeats: int = 3) -> list[float]:
+def _fresh_input(x):
+    """``x`` cut from its graph, floats requiring grad: a block's input, alone (tensor or tuple)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().requires_grad_(x.is_floating_point())
+    return type(x)(_fresh_input(v) for v in x)
+
+
+def _backward(out) -> None:
+    outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if outs:
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+
+
+def measure_block_times(blocks: list[nn.Module], sample, repeats: int = 3) -> list[float]:
     """Median forward+backward seconds of each block on ``sample``'s batch size.
 
     Each block runs on the previous block's (detached) output, once to warm up and then
     ``repeats`` times; the whole model runs about ``repeats + 1`` times, i.e. a few
-    training steps' worth of compute.
+    training steps' worth of compute. The timing leaves no trace on the run: the RNG is
+    forked (dropout draws nothing from the run's stream) and buffers such as BatchNorm's
+    running statistics are put back as they were.
     """
+    buffers = [(b, b.detach().clone()) for blk in blocks for b in blk.buffers()]
     times, x = [], sample
-    for block in blocks:
-        x = x.detach().requires_grad_(x.is_floating_point())
-        samples = []
-        for r in range(repeats + 1):
-            start = time.perf_counter()
-            out = block(x)
-            out.backward(torch.ones_like(out))
-            if r:
-                samples.append(time.perf_counter() - start)
-        block.zero_grad(set_to_none=True)
-        times.append(statistics.median(samples))
-        x = out
+    with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):
+        for block in blocks:
+            x = _fresh_input(x)
+            samples = []
+            for r in range(repeats + 1):
+                start = time.perf_counter()
+                out = block(x)
+                _backward(out)
+                if r:
+                    samples.append(time.perf_counter() - start)
+            block.zero_grad(set_to_none=True)
+            times.append(statistics.median(samples))
+            x = out
+    with torch.no_grad():
+        for b, saved in buffers:
+            b.copy_(saved)
     return times
 
 

@@ -20,6 +20,11 @@ activation send/recv between neighbours:
 
 Each micro-batch loss is a mean and the schedules divide gradients by M
 (``scale_grads``), so a step equals the serial step on the whole batch.
+
+What crosses a stage boundary (tensors of any dtype and rank, tuples of them; views made
+contiguous) is ``boundary.py``'s business; weights tied across stages are summed over
+their holders (``tied.py``); a plain ``nn.Module`` without blocks is cut by pipelining's
+own tracer (``traced.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +40,10 @@ from partrain.config import RunConfig
 from partrain.distributed.context import DistContext
 from partrain.events import EventLog
 from partrain.strategies.base import Stepper, loss_fn, make_optimizer, shard_rows
-from partrain.strategies.partition import Partition, partition
+from partrain.strategies.boundary import Stage, probe_boundaries, stage_examples
+from partrain.errors import PartrainError
+from partrain.strategies.partition import Partition, partition, pipeline_refusal
+from partrain.strategies.tied import sum_tied_gradients, tied_groups
 
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
 
@@ -54,12 +62,10 @@ class Recompute(nn.Module):
         return checkpoint(self.block, x, use_reentrant=False)
 
 
-class TracedStage(PipelineStage):
-    """A ``PipelineStage`` that records a span per micro-batch forward and backward."""
+class SpanStage:
+    """Mixin for a pipelining stage: records a span per micro-batch forward and backward."""
 
-    def __init__(self, *args, events: EventLog, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.events = events
+    events: EventLog
 
     def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
         with self.events.span("forward", stage=self.stage_index, mb=fwd_chunk_id):
@@ -68,6 +74,12 @@ class TracedStage(PipelineStage):
     def backward_one_chunk(self, bwd_chunk_id, *args, **kwargs):
         with self.events.span("backward", stage=self.stage_index, mb=bwd_chunk_id):
             return super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+
+
+class TracedStage(SpanStage, PipelineStage):
+    def __init__(self, *args, events: EventLog, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.events = events
 
 
 class PipelineStepper(Stepper):
@@ -79,18 +91,20 @@ class PipelineStepper(Stepper):
         self.has_loss = any(s.is_last for s in stages)
         self.loads_data = self.is_first or self.has_loss
         self.partition: Partition | None = None
+        self.tied = []  # TiedGroups this worker belongs to
 
     def _forward_backward(self, x, y):
         losses: list[torch.Tensor] = []
         self.schedule.step(*([x] if self.is_first else []), target=y if self.has_loss else None, losses=losses)
+        sum_tied_gradients(self.tied)
         return torch.stack(losses).mean().detach() if self.has_loss else None
 
     def _eval_forward(self, x, y):
         return self.schedule.eval(*([x] if self.is_first else []), target=y if self.has_loss else None)
 
 
-def stage_module(blocks: list[nn.Module], recompute: bool) -> nn.Sequential:
-    return nn.Sequential(*[Recompute(b) if recompute else b for b in blocks])
+def stage_module(blocks: list[nn.Module], recompute: bool, receives) -> Stage:
+    return Stage([Recompute(b) if recompute else b for b in blocks], receives)
 
 
 def choose_partition(blocks: list[nn.Module], n_stages: int, cfg: RunConfig, ctx: DistContext, sample) -> Partition:
@@ -107,6 +121,39 @@ def choose_partition(blocks: list[nn.Module], n_stages: int, cfg: RunConfig, ctx
     return box[0]
 
 
+def check_pipeline(model: nn.Module, build, cfg: RunConfig, sample) -> None:
+    """Refuse, before any worker starts, a pipeline ``cfg`` cannot cut (one line, with the fix).
+
+    ``model`` is the launcher's checked model, on the meta device where it builds there
+    (shapes and types, no arithmetic, nothing allocated); ``build()`` makes a real one when
+    needed. Blocks: the cut's arithmetic and what every block returns, probed on ``model``'s
+    device (on a real model where an op has no meta kernel or reads values). A plain
+    module: its candidate submodules and a trace by ``torch.export`` of a real model (about
+    a second for a small one).
+    """
+    from partrain.models import model_blocks
+
+    n_stages = cfg.dims.pp * cfg.stages_per_worker
+    blocks = model_blocks(model)
+    if len(blocks) == 1 and n_stages > 1:
+        from partrain.strategies.traced import choose_cut, trace
+
+        if cfg.dims.dp > 1:
+            raise PartrainError(f"hybrid with dp > 1 needs {cfg.model}'s blocks: return (model, blocks) from the factory, or use --dp 1")
+        real = build()
+        part, names = choose_cut(real, n_stages, sample, "params", cfg.split_points)
+        trace(real, part, names, sample)
+        return
+    if reason := pipeline_refusal(cfg, len(blocks)):
+        raise PartrainError(reason)
+    try:
+        probe_boundaries(blocks, sample.to(next(model.parameters(), sample).device))
+    except PartrainError:
+        raise
+    except Exception:  # noqa: BLE001 - no meta kernel, or an op that reads values: probe for real
+        probe_boundaries(model_blocks(build()), sample)
+
+
 def parallelize_pipeline(
     model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, ctx: DistContext, sample: torch.Tensor
 ) -> PipelineStepper:
@@ -115,22 +162,36 @@ def parallelize_pipeline(
     n_stages = pp * v
     micro = cfg.num_microbatches
     mb_sample = sample[: max(1, cfg.batch_size // ctx.dims.dp // micro)]
+    if len(blocks) == 1 and n_stages > 1:  # a plain module: pipelining's tracer cuts it
+        from partrain.strategies.traced import parallelize_traced
+
+        return parallelize_traced(model, cfg, ctx, mb_sample)
+    crossings = probe_boundaries(blocks, sample[:2])  # every rank: each stage unpacks what it receives
     part = choose_partition(blocks, n_stages, cfg, ctx, mb_sample)
+    tied = tied_groups([blocks[a:b] for a, b in part.bounds], pp, ctx.dims.dp, ctx.pp_rank, ctx.dp_rank) if pp > 1 else []
     pp_group = ctx.group("pp")
     stage_ids = [ctx.pp_rank + k * pp for k in range(v)]  # looped placement for interleaving
+    every = [stage_module(blocks[a:b], cfg.recompute, crossings[a - 1] if a else None) for a, b in part.bounds]
+    examples = stage_examples(every, mb_sample)
     modules, stages = [], []
     for s in stage_ids:
-        a, b = part.bounds[s]
-        module = stage_module(blocks[a:b], cfg.recompute).to(ctx.device)
+        module = every[s].to(ctx.device)
         if ctx.dims.dp > 1:  # hybrid: replicate this stage over its dp group
             fully_shard(module, mesh=ctx.mesh["dp", "shard"], reshard_after_forward=False)
         modules.append(module)
-        stages.append(TracedStage(module, s, n_stages, ctx.device, group=pp_group, events=ctx.events))
-    schedule_cls = SCHEDULE_CLASSES[cfg.pipeline_schedule]
-    schedule = schedule_cls(stages if v > 1 else stages[0], micro, loss_fn=loss_fn, scale_grads=True)
-    params = [p for m in modules for p in m.parameters()]
-    rows = shard_rows(cfg.batch_size, ctx.dims.dp, ctx.dp_rank)
-    stepper = PipelineStepper(stages, modules, schedule, make_optimizer(params, cfg), rows, ctx.events)
-    stepper.partition = part
+        inputs, outputs = examples[s]
+        stages.append(TracedStage(module, s, n_stages, ctx.device, input_args=inputs, output_args=outputs,
+                                  group=pp_group, events=ctx.events))
+    stepper = build_stepper(stages, modules, cfg, ctx)
+    stepper.partition, stepper.tied = part, tied
     return stepper
+
+
+def build_stepper(stages, modules, cfg: RunConfig, ctx: DistContext) -> PipelineStepper:
+    """The schedule over this worker's stages, and one optimizer over their parameters."""
+    schedule_cls = SCHEDULE_CLASSES[cfg.pipeline_schedule]
+    schedule = schedule_cls(stages if len(stages) > 1 else stages[0], cfg.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+    params = list({id(p): p for m in modules for p in m.parameters()}.values())  # a tie within a worker counts once
+    rows = shard_rows(cfg.batch_size, ctx.dims.dp, ctx.dp_rank)
+    return PipelineStepper(stages, modules, schedule, make_optimizer(params, cfg), rows, ctx.events)
 
