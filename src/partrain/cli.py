@@ -13,6 +13,7 @@ import sys
 from partrain import __version__
 from partrain.config import SCHEDULES, STRATEGIES, RunConfig
 from partrain.errors import PartrainError
+from partrain.report import commands as report_commands
 
 
 def _print_table(table) -> None:
@@ -638,6 +639,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train a model with any strategy, on one CPU, on GPUs, or under torchrun/mpirun/srun.")
     add_train_args(p)
     p.set_defaults(func=cmd_train)
+    report_commands.add_train_trace(p)
 
     p = sub.add_parser("models", help="list the model zoo with parameter counts", description="List the model zoo.")
     p.add_argument("--dataset", default="mnist", help="count parameters for this dataset's input shape (default: mnist)")
@@ -654,6 +656,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_predict_parser(sub)
     add_validate_parser(sub)
     add_recommend_parser(sub)
+    report_commands.add_parsers(sub)
     return parser
 
 
