@@ -589,8 +589,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     limit = parse_bytes(args.memory_limit) if args.memory_limit else None
     rec = recommend(profile_for, hw, workers, args.batch_size, limit, args.objective, args.threads, args.include_async)
     rec.data_dir, rec.profile_seconds, rec.profile_reused = args.data_dir, time.perf_counter() - start, not profiled
-    measured = _run_recommended(rec, args) if args.run else None
     if args.json:
+        measured = _run_recommended(rec, args) if args.run else None
         print(json.dumps({**rec.to_dict(), "measured": measured}, default=str))
         return 0
     if profiled:
@@ -603,6 +603,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         for plan, reason in dropped:
             print(f"  {plan.label()} on {plan.workers} workers, batch {plan.batch_size}: {reason}")
     print(f"\nrun it here:\n  {rec.local_command()}\nor on each node, under torchrun:\n  {rec.torchrun_command()}")
+    measured = _run_recommended(rec, args) if args.run else None  # after the recommendation that chose it
     if measured:
         print(f"\nmeasured {measured['seconds_per_step'] * 1e3:.2f} ms/step over {measured['steps']} steps, predicted "
               f"{measured['predicted_seconds_per_step'] * 1e3:.2f} ms/step ({measured['error']:+.0%})")
@@ -661,6 +662,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # every line out at once: into a file or pipe, stdout then keeps its place among stderr
+    # and the workers' own output (a block buffer would hold it back until exit)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -71,7 +71,6 @@ def add_train_trace(p: argparse.ArgumentParser) -> None:
             args.events = args.events or tmp
             status = train(args)
             if status == 0 and Path(args.events, "rank0.jsonl").is_file():  # rank 0 of a launched job writes it
-                sys.stdout.flush()  # the run's summary first, then what the trace adds
                 write_outputs(args.events, args.trace, args)
         return status
 

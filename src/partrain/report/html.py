@@ -80,9 +80,10 @@ def cards(rows: list[dict], report) -> str:
     for r in rows:
         statuses[r["status"]] += 1
     items = [(f"{len(rows)}", "cells", ", ".join(f"{n} {s}" for s, n in statuses.items()))]
-    best = max((r for r in rows if r["speedup"]), key=lambda r: r["speedup"], default=None)
+    best = max((r for r in rows if r["speedup"] and r["workers"] > 1), key=lambda r: r["speedup"], default=None)
     if best:
-        items.append((f"{best['speedup']:.2f}x", "best speedup over serial", f"{label(best)}, efficiency {best['efficiency']:.0%}"))
+        items.append((f"{best['speedup']:.2f}x", "best parallel speedup over serial",
+                      f"{label(best)}, efficiency {best['efficiency']:.0%}"))
     if report is not None and report.cases:
         floor = report.noise_floor()
         items.append((f"{report.mape():.1%}", "prediction error (MAPE, step time)",
@@ -211,6 +212,7 @@ def prediction(report, missing: list[str]) -> str:
 
 def memory(rows: list[dict]) -> str:
     from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
 
     ok = [r for r in rows if r["status"] == "ok" and r["peak_memory_per_worker"]]
     if not ok:
@@ -222,9 +224,10 @@ def memory(rows: list[dict]) -> str:
         per = json.loads(r["peak_memory_per_worker"])
         height = 0.8 / len(per)
         for k, b in enumerate(per):
-            ax.barh(i - 0.4 + height * (k + 0.5), b / 2**20, height=height, color=f"C{k % 10}", label=f"rank {k}")
-    handles = {h.get_label(): h for h in ax.patches}
-    ax.legend(handles=list(handles.values())[:8], fontsize=7, loc="lower right")
+            ax.barh(i - 0.4 + height * (k + 0.5), b / 2**20, height=height, color=f"C{k % 10}")
+    ranks = max(len(json.loads(r["peak_memory_per_worker"])) for r in ok)
+    ax.legend(handles=[Patch(color=f"C{k % 10}", label=f"rank {k}") for k in range(min(ranks, 8))], fontsize=7,
+              loc="lower right")
     ax.set_yticks(range(len(ok)), [label(r) for r in ok], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("peak memory per worker, MiB (resident set on CPU, allocator peak on GPU)")

@@ -13,8 +13,8 @@ naming processes and threads.
   ``average``; arguments carry step, stage, micro-batch and bytes;
 - one more process, ``predicted``: the predictor's simulated schedule of the same plan
   (``predict.pipeline_sim``, over the model and hardware profiles), one step laid at the
-  start of every measured step on rank 0, so measured and predicted sit one above the other
-  and each step shows its own error. Data-parallel and serial plans have no schedule to
+  start of every measured step on rank 0 (or right after the previous predicted step while
+  that one still runs), so measured and predicted sit one above the other. Data-parallel and serial plans have no schedule to
   simulate: their predicted step is the breakdown laid end to end (data, forward and
   backward, exposed communication, optimizer).
 
@@ -164,13 +164,16 @@ def simulated_step(profile, hardware, plan) -> tuple[list[tuple], float]:
 
 
 def add_predicted(timeline: Timeline, profile, hardware, plan) -> None:
-    """Lay the simulated step at the start of each measured step of rank 0."""
+    """Lay the simulated step at the start of each measured step of rank 0, or right after
+    the previous predicted step where that one is still running (predicted slower than measured)."""
     step, step_s = simulated_step(profile, hardware, plan)
     timeline.predicted_step_s = step_s
     timeline.plan = plan.label()
+    at = -float("inf")
     for k, anchor in enumerate(step_spans(timeline)):
+        at = max(anchor.start_s, at + step_s)
         for row, name, cat, start, dur, args in step:
-            timeline.spans.append(Span(PREDICTED, row, name, cat, anchor.start_s + start, dur, {**args, "step": k}))
+            timeline.spans.append(Span(PREDICTED, row, name, cat, at + start, dur, {**args, "step": k}))
     timeline.processes.append(PREDICTED)
 
 
