@@ -95,27 +95,35 @@ def cards(rows: list[dict], report) -> str:
 
 
 def best_plans(rows: list[dict], report) -> str:
-    """Per job: the measured fastest plan, why (its speedup beside the others), the command."""
+    """Per job: the measured fastest plan, its speedup beside the runner-up, the command; then
+    the recommender's pick among the same measured plans."""
     from partrain.recommend import recommendation_outcomes
 
-    out = []
+    lines = []
     for job_rows in jobs(rows).values():
         ranked = by_plan(job_rows)
         name, seconds, row = ranked[0]
         serial = next((s for p, s, r in ranked if r["strategy"] == "serial"), None)
-        why = [f"<b>{esc(name)}</b> ran fastest: {seconds:.2f} s per epoch"]
-        if serial:
-            why.append(f" ({serial / seconds:.2f}x serial, {serial / seconds / row['workers']:.0%} efficiency)")
-        others = "; ".join(f"{esc(p)} {s / seconds:.2f}x as long" for p, s, _ in ranked[1:4])
-        out.append(f"<p><b>{esc(job_label(row))}</b>: {''.join(why)}." + (f" Next: {others}." if others else "")
-                   + f"<br>run it: <code>{esc(command(row))}</code></p>")
-    body = "".join(out) or "<p class=note>no successful cells</p>"
+        speedup = serial / seconds if serial else None
+        efficiency = speedup / row["workers"] if speedup else None
+        runner = f"{ranked[1][0]}: {ranked[1][1] / seconds:.2f}x as long" if len(ranked) > 1 else ""
+        lines.append(("", cell(job_label(row)) + cell(name, left=True) + cell(seconds, fmt(seconds, ".2f"))
+                      + cell(speedup, fmt(speedup, ".2f")) + cell(efficiency, fmt(efficiency, ".0%"))
+                      + cell(runner, left=True) + f'<td class="t cmd"><code>{esc(command(row))}</code></td>'))
+    if not lines:
+        return section("Best plan per job", "<p class=note>no successful cells</p>", "best")
+    body = ("<p>The fastest measured plan of every job (model, dataset, batch, learning rate: the cells that share a "
+            "serial baseline), its speedup over serial and parallel efficiency, the next fastest, and the command "
+            "that runs it.</p>"
+            + table(["job", "fastest plan", "s/epoch", "speedup", "efficiency", "next fastest", "run it"], lines,
+                    paged=len(lines) > 10, left={0, 1, 5, 6}))
     if report is not None and report.cases:
         outcomes = recommendation_outcomes(report.cases)
         if outcomes:
             body += ("<p>The recommender's pick among the measured plans (predicted fastest) against the measured "
                      "fastest; regret: how much slower the pick ran.</p>")
-            body += table(["job", "plans", "picked", "measured fastest", "regret", "Kendall tau"],
+            body += table(["job", "plans", "picked", "measured fastest", "regret", "Kendall tau"], left={0, 2, 3},
+                          rows=
                           (("", cell(o.key) + cell(o.plans) + cell(o.picked, left=True) + cell(o.best, left=True)
                             + cell(o.regret, fmt(o.regret, ".1%")) + cell(o.tau, fmt(o.tau, ".2f"))) for o in outcomes))
     return section("Best plan per job, and the command that runs it", body, "best")

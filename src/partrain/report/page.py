@@ -32,7 +32,7 @@ img{max-width:100%;height:auto;border:1px solid #eee;background:#fff;margin:6px 
 code{background:#f2f2f2;padding:1px 4px;border-radius:3px;font-size:12px;white-space:pre-wrap}
 .note{color:#666;font-size:13px} .pager{margin:4px 0} .pager button{margin:0 2px}
 input.filter{padding:3px 6px;width:260px;margin:4px 0}
-.wide{overflow-x:auto}
+.wide{overflow-x:auto} td.cmd{white-space:normal;min-width:420px;font-size:12px}
 """
 
 # Sortable, filterable, paged tables. Sorting reads a cell's data-v (numbers) or its text.
@@ -103,10 +103,12 @@ def cell(value, text: str | None = None, left: bool = False, title: str | None =
 
 
 def table(headers: list[str], rows: Iterable[tuple[str, str]], css_id: str = "", paged: bool = False,
-          left: int = 1) -> str:
-    """A sortable table. ``rows``: (row class, joined <td> cells). The first ``left`` headers align left.
+          left: int | set[int] = 1) -> str:
+    """A sortable table. ``rows``: (row class, joined <td> cells). Headers align left where their
+    column holds text: the first ``left`` ones, or those whose index is in ``left``.
     ``paged``: a filter box and pages of ``PAGE_ROWS``."""
-    head = "".join(f'<th{" class=t" if i < left else ""}>{esc(h)}</th>' for i, h in enumerate(headers))
+    lefts = set(range(left)) if isinstance(left, int) else left
+    head = "".join(f'<th{" class=t" if i in lefts else ""}>{esc(h)}</th>' for i, h in enumerate(headers))
     body = "".join(f'<tr class="{cls}">{cells}</tr>' for cls, cells in rows)
     extra = f' data-page="{PAGE_ROWS}"' if paged else ""
     controls = '<input class="filter" placeholder="filter rows, e.g. cnn ddp x2" aria-label="filter rows">' if paged else ""

@@ -61,7 +61,8 @@ function draw() {
   for (let j = 0; j <= ticks; j++) {
     const t = lo + (hi - lo) * j / ticks, px = x(t);
     el('line', {x1: px, x2: px, y1: TOP - 4, y2: height, stroke: '#ddd'}, svg);
-    const lab = el('text', {x: px + 2, y: 12, fill: '#666'}, svg); lab.textContent = ((t - full[0]) / 1000).toFixed(2) + ' ms';
+    const lab = el('text', {x: j === ticks ? px - 2 : px + 2, y: 12, fill: '#666', 'text-anchor': j === ticks ? 'end' : 'start'}, svg);
+    lab.textContent = ((t - full[0]) / 1000).toFixed(2) + ' ms';
   }
   let drawn = 0;
   spans.forEach((e, i) => {
