@@ -247,3 +247,13 @@ def test_trace_viewer_renders_in_chromium(gpipe_events, profile_dir, tmp_path):
     status = re.search(r'<div id="check-status">([^<]*)</div>', dom)
     assert status and status.group(1) == "CHECK-OK", (status and status.group(1)) or log[-2000:]
     assert not console_errors(log)
+
+
+def test_train_trace_under_a_launcher_is_refused_before_training(monkeypatch, tmp_path, capsys):
+    from types import SimpleNamespace
+
+    import partrain.distributed.launch as launch
+
+    monkeypatch.setattr(launch, "detect_launcher", lambda: SimpleNamespace(launched=True, world_size=2))
+    assert main(["train", "--model", "mlp", "--trace", str(tmp_path / "t.json")]) == 2
+    assert "--events DIR on a shared path" in capsys.readouterr().err and not (tmp_path / "t.json").exists()

@@ -11,6 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from partrain.errors import PartrainError
+
 
 PROFILE_DIR_HELP = "profile cache directory (default: $PARTRAIN_PROFILE_DIR, else ~/.partrain/profiles)"
 
@@ -67,6 +69,11 @@ def add_train_trace(p: argparse.ArgumentParser) -> None:
     def with_trace(args: argparse.Namespace) -> int:
         if not args.trace:
             return train(args)
+        from partrain.distributed.launch import detect_launcher
+
+        if detect_launcher().launched:  # each rank is its own process: none knows when the others wrote
+            raise PartrainError("--trace needs the workers partrain starts itself: under a launcher, record with "
+                                "--events DIR on a shared path and run `partrain trace DIR` once the job ended")
         with tempfile.TemporaryDirectory(prefix="partrain-events-") as tmp:
             args.events = args.events or tmp
             status = train(args)
