@@ -160,6 +160,7 @@ def test_report_is_one_self_contained_bounded_file(big_report):
     assert len(text) < 3_000_000  # 500 cells: capped plots, not one image per cell
     assert not re.search(r"""(src|href)=["']?(https?:|//)""", text), "the report fetches nothing"
     assert text.count("<tr class=") >= 500 and "a reason, &lt;escaped&gt;" in text
+    assert "No recommendation without cached profiles" in text and "Not predicted" in text  # the report never measures
     assert 'class="timeline"' in text and text.count("data:image/png;base64,") >= 3
     assert not list(big_report.parent.glob(".*.tmp"))  # written through a temporary file, renamed
 

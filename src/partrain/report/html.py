@@ -94,7 +94,41 @@ def cards(rows: list[dict], report) -> str:
                                          for a, b, c in items) + "</div>"
 
 
-def best_plans(rows: list[dict], report) -> str:
+MAX_RECOMMENDATIONS = 12
+
+
+def recommendations(rows: list[dict], profile_dir: str | None) -> str:
+    """``partrain recommend`` for each job of the store (up to its largest worker count), from
+    cached profiles: the predicted winner, why, and its command. Jobs without them are named."""
+    from partrain.recommend import needed_batch_sizes, recommend
+
+    wanted: dict[tuple, int] = {}
+    for r in rows:
+        options = json.loads(r["config"]).get("run", {}).get("model_options") or {}
+        key = (r["model"], r["dataset"], r["batch_size"], bool(r["synthetic"]), json.dumps(options, sort_keys=True))
+        wanted[key] = max(wanted.get(key, 1), r["workers"])
+    parts, missing = [], []
+    for (model, dataset, batch, synthetic, options), workers in list(wanted.items())[:MAX_RECOMMENDATIONS]:
+        needed = needed_batch_sizes(workers, batch)
+        try:
+            hw = cached.hardware(workers, profile_dir)
+            rec = recommend(lambda threads: cached.model_profile(model, dataset, needed, threads, synthetic,
+                                                                 json.loads(options), profile_dir), hw, workers, batch)
+        except (cached.Missing, PartrainError) as err:
+            missing.append(f"{model}/{dataset} batch {batch}, up to {workers} workers: {err}")
+            continue
+        parts.append(f"<p><b>{esc(model)}/{esc(dataset)} batch {batch}, up to {workers} workers</b>: "
+                     f"{esc(rec.explanation())}<br>run it: <code>{esc(rec.local_command())}</code></p>")
+    if len(wanted) > MAX_RECOMMENDATIONS:
+        parts.append(f"<p class=note>{len(wanted) - MAX_RECOMMENDATIONS} more jobs not asked (the first "
+                     f"{MAX_RECOMMENDATIONS} only)</p>")
+    if missing:
+        parts.append("<p class=note>No recommendation without cached profiles (<code>partrain recommend --model M "
+                     "--dataset D --workers W --batch-size B</code> measures them): " + esc("; ".join(missing)) + "</p>")
+    return "<h3>What partrain recommend predicts</h3>" + "".join(parts) if parts or missing else ""
+
+
+def best_plans(rows: list[dict], report, profile_dir: str | None = None) -> str:
     """Per job: the measured fastest plan, its speedup beside the runner-up, the command; then
     the recommender's pick among the same measured plans."""
     from partrain.recommend import recommendation_outcomes
@@ -126,6 +160,7 @@ def best_plans(rows: list[dict], report) -> str:
                           rows=
                           (("", cell(o.key) + cell(o.plans) + cell(o.picked, left=True) + cell(o.best, left=True)
                             + cell(o.regret, fmt(o.regret, ".1%")) + cell(o.tau, fmt(o.tau, ".2f"))) for o in outcomes))
+    body += recommendations(rows, profile_dir)
     return section("Best plan per job, and the command that runs it", body, "best")
 
 
@@ -278,7 +313,7 @@ def build_report(store: str | None, output: str, events: list[str], profile_dir:
     if not rows:
         raise PartrainError(f"the results store {path} holds no cells: run `partrain bench` first")
     report, missing = cached.validation(rows, profile_dir)
-    body = (cards(rows, report) + best_plans(rows, report) + results(rows) + scaling(rows) + prediction(report, missing)
+    body = (cards(rows, report) + best_plans(rows, report, profile_dir) + results(rows) + scaling(rows) + prediction(report, missing)
             + memory(rows) + timelines(events, profile_dir))
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     meta = f"{esc(path)} &middot; {len(rows)} cells &middot; written {when}"
