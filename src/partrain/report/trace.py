@@ -169,9 +169,13 @@ def add_predicted(timeline: Timeline, profile, hardware, plan) -> None:
     step, step_s = simulated_step(profile, hardware, plan)
     timeline.predicted_step_s = step_s
     timeline.plan = plan.label()
+    anchors = [s.start_s for s in step_spans(timeline)]
+    if not anchors:  # events of a partrain that recorded no step spans: one predicted step, at the start
+        anchors = [min(s.start_s for s in timeline.spans)]
+        timeline.notes.append("the run recorded no step spans: one predicted step is drawn, at the start")
     at = -float("inf")
-    for k, anchor in enumerate(step_spans(timeline)):
-        at = max(anchor.start_s, at + step_s)
+    for k, anchor in enumerate(anchors):
+        at = max(anchor, at + step_s)
         for row, name, cat, start, dur, args in step:
             timeline.spans.append(Span(PREDICTED, row, name, cat, at + start, dur, {**args, "step": k}))
     timeline.processes.append(PREDICTED)
