@@ -24,6 +24,7 @@ from partrain.commands.profile import add_profile_parser
 from partrain.commands.recommend import add_recommend_parser
 from partrain.commands.validate import add_validate_parser
 from partrain.errors import PartrainError
+from partrain.report import commands as report_commands
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
@@ -123,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train a model with any strategy, on one CPU, on GPUs, or under torchrun/mpirun/srun.")
     add_train_args(p)
     p.set_defaults(func=cmd_train)
+    report_commands.add_train_trace(p)
 
     p = sub.add_parser("models", help="list the model zoo with parameter counts", description="List the model zoo.")
     p.add_argument("--dataset", default="mnist", help="count parameters for this dataset's input shape (default: mnist)")
@@ -139,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_predict_parser(sub)
     add_validate_parser(sub)
     add_recommend_parser(sub)
+    report_commands.add_parsers(sub)
     return parser
 
 
@@ -148,6 +151,10 @@ def _terminate(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
+    # every line out at once: into a file or pipe, stdout then keeps its place among stderr
+    # and the workers' own output (a block buffer would hold it back until exit)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
     args = build_parser().parse_args(argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)

@@ -2,7 +2,9 @@
 
 Each worker keeps a list of spans (name, start, end, attributes) in memory and writes them
 once, at the end of the run, to ``<dir>/rank<R>.jsonl``: nothing touches the disk on the
-hot path. Off (the default), ``span`` returns one shared no-op context manager, so a
+hot path. Beside it ``rank<R>.meta.json`` holds the wall-clock time of the log's zero (so
+ranks, and nodes with synchronized clocks, line up on one timeline) and, from rank 0, the
+run's configuration (so ``partrain trace`` can simulate the same plan). Off (the default), ``span`` returns one shared no-op context manager, so a
 disabled trace costs a method call per span (well under a microsecond).
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -23,6 +26,7 @@ class EventLog:
         self.rank = rank
         self.spans: list[tuple[str, float, float, dict]] = []
         self.t0 = time.perf_counter()
+        self.wall0 = time.time()  # the same instant on the wall clock: aligns ranks' timelines
 
     def span(self, name: str, **attrs):
         """``with events.span("forward", mb=3): ...`` records the block's wall time."""
@@ -43,7 +47,8 @@ class EventLog:
         if self.enabled:
             self.spans.append((name, start - self.t0, end - self.t0, attrs))
 
-    def write(self) -> Path | None:
+    def write(self, meta: dict | None = None) -> Path | None:
+        """The spans to ``rank<R>.jsonl``; the clock anchor and ``meta`` to ``rank<R>.meta.json``."""
         if not self.enabled:
             return None
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -53,12 +58,21 @@ class EventLog:
             for name, start, end, attrs in self.spans:
                 f.write(json.dumps({"rank": self.rank, "name": name, "start": start, "end": end, **attrs}) + "\n")
         tmp.replace(path)
+        info = {"rank": self.rank, "wall0": self.wall0, "host": socket.gethostname(), **(meta or {})}
+        meta_path = self.directory / f"rank{self.rank}.meta.json"
+        meta_path.with_suffix(".tmp").write_text(json.dumps(info, default=str))
+        meta_path.with_suffix(".tmp").replace(meta_path)
         return path
 
 
 def read_events(directory: str | Path) -> list[dict]:
     """All ranks' events from a run's event directory, ordered by start time."""
     events = []
-    for path in sorted(Path(directory).glob("rank*.jsonl")):
+    for path in sorted(Path(directory).glob("rank*.jsonl")):  # not rank*.meta.json
         events += [json.loads(line) for line in path.read_text().splitlines() if line]
     return sorted(events, key=lambda e: (e["start"], e["rank"]))
+
+
+def read_meta(directory: str | Path) -> dict[int, dict]:
+    """Each rank's ``meta.json`` (clock anchor, host; rank 0 also the run's configuration)."""
+    return {int(m["rank"]): m for m in (json.loads(p.read_text()) for p in Path(directory).glob("rank*.meta.json"))}

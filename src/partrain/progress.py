@@ -1,4 +1,5 @@
-"""Progress on rank 0: one rich bar over the steps, with loss and throughput.
+"""Progress on rank 0: one rich bar over the steps, with loss and throughput; ``phase``
+lines for long work that has phases rather than steps (profiling). All on stderr.
 
 Workers other than rank 0, ``--json`` and ``--quiet`` get a no-op bar. A rich update
 costs about a millisecond, more than a whole MLP step, so the bar is updated at most
@@ -14,6 +15,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 console = Console(stderr=True)
 REFRESH_S = 0.25
+_started = time.perf_counter()
+
+
+def phase(what: str, text: str) -> None:
+    """One line on stderr: ``what: text``, with the seconds since this process started.
+
+    ``sys.stderr`` directly, not rich: a rich status spinner around the work (``recommend``)
+    captures and prints it above itself, and a log file gets plain lines in order.
+    """
+    import sys
+
+    print(f"[{time.perf_counter() - _started:6.1f} s] {what}: {text}", file=sys.stderr, flush=True)
 
 
 class StepProgress:

@@ -103,7 +103,10 @@ def train_worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool = True) -
         device = device_for(backend, info)
         ctx = DistContext(info, backend, device, cfg.dims, build_mesh(cfg.dims, device), EventLog(cfg.events, info.rank))
         result = _train(cfg, ctx, threads, show_progress and info.rank == 0)
-        ctx.events.write()
+        # rank 0 also records the plan as it ran (dims and stage cut resolved): `partrain trace` simulates it
+        ctx.events.write({"config": cfg.to_dict(), "pp": cfg.dims.pp, "dp": cfg.dims.dp, "world_size": ctx.world_size,
+                          "microbatches": cfg.num_microbatches if cfg.pipeline_schedule else None,
+                          "split_points": result.split_points} if info.rank == 0 else None)
         return result if info.rank == 0 else None
     finally:
         leave_process_group()
@@ -203,11 +206,14 @@ def run_steps(stepper: Stepper, train_set, order: torch.Tensor, steps: range, ba
     (loading included) to ``result.step_seconds``.
     """
     losses = []
+    events = stepper.events  # spans cost a method call each when events are off
     for step in steps:
         start = time.perf_counter()
-        idx = order[step * batch : (step + 1) * batch][stepper.rows]
-        x, y = _to(train_set.get(idx), device) if stepper.loads_data else (None, None)
-        losses.append(stepper.train_step(x, y))
+        with events.span("step", step=step):
+            with events.span("data", step=step):
+                idx = order[step * batch : (step + 1) * batch][stepper.rows]
+                x, y = _to(train_set.get(idx), device) if stepper.loads_data else (None, None)
+            losses.append(stepper.train_step(x, y))
         result.step_seconds.append(time.perf_counter() - start)
         progress.advance(losses[-1], batch)
     return losses

@@ -253,8 +253,8 @@ class CellProgress:
         self.counts: dict[str, int] = {}
         self.console = Console(stderr=True, highlight=False, soft_wrap=True)
         self.bar = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("ETA"), TimeRemainingColumn(), console=self.console, auto_refresh=False,
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("({task.remaining:.0f} left)"),
+            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=self.console, auto_refresh=False,
             speed_estimate_period=24 * 3600,  # the ETA from the mean time per cell so far, not the last few
         )
         self.task = self.bar.add_task("cells", total=total)
@@ -272,9 +272,15 @@ class CellProgress:
         self.console.print(f"{self.bar.tasks[0].completed:.0f} cells: {summary}")
 
     def begin(self, cell: Cell) -> None:
-        if self.enabled:
-            self.bar.update(self.task, description=cell.label)
-            self.bar.refresh()
+        if not self.enabled:
+            return
+        self.bar.update(self.task, description=cell.label)
+        self.bar.refresh()
+        if not self.console.is_terminal:  # a log gets no live bar: one line per cell instead
+            task = self.bar.tasks[0]
+            done, left = int(task.completed), int(task.total - task.completed)
+            eta = f", ETA {task.elapsed / done * left:.0f} s" if done and task.elapsed else ""
+            self.console.print(f"[{done + 1}/{task.total:.0f}, {left - 1} left after it{eta}] {cell.label}")
 
     def refresh(self) -> None:
         if self.enabled:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from partrain.commands.args import STORE_HELP, float_list, int_list, print_table, str_list
+from partrain.commands.args import (
+    STORE_HELP,
+    float_list,
+    int_list,
+    print_table,
+    str_list,
+)
 from partrain.errors import PartrainError
 
 

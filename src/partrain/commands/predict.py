@@ -6,7 +6,14 @@ import argparse
 import json
 import sys
 
-from partrain.commands.args import PROFILE_DIR_HELP, int_list, print_table, str_list, add_data_args
+from partrain.commands.args import (
+    PROFILE_DIR_HELP,
+    add_data_args,
+    int_list,
+    model_options,
+    print_table,
+    str_list,
+)
 from partrain.commands.profile import announce_profile
 
 
@@ -36,7 +43,12 @@ def add_predict_parser(sub) -> None:
 def cmd_predict(args: argparse.Namespace) -> int:
     from partrain.predict import enumerate_plans, predict_plan
     from partrain.predict.cluster import load_cluster
-    from partrain.predict.plan import candidate_plans, local_workers, profile_batch_sizes, threads_for
+    from partrain.predict.plan import (
+        candidate_plans,
+        local_workers,
+        profile_batch_sizes,
+        threads_for,
+    )
     from partrain.profile.cache import hardware_for, load_or_profile, profile_threads
     from partrain.report.tables import predictions_table
 
@@ -48,7 +60,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             print(f"measured this machine's collectives with {args.workers} workers: {hw_path}", file=sys.stderr)
     # the threads the plans' workers will run with, as recommend profiles them
     threads = profile_threads(threads_for(args.workers, hw, args.threads))
-    options = {"activation": args.activation} if args.activation else {}
+    options = model_options(args)
     plans = candidate_plans(args.workers, args.batch_size)  # the profile is sized to cover every plan
     sizes = args.profile_batch_sizes or profile_batch_sizes([b for plan in plans for b in plan.batch_sizes()])
     profile, path, reused = load_or_profile(args.model, args.dataset, sizes, threads, args.profile_dir, args.data_dir,

@@ -6,7 +6,13 @@ import argparse
 import json
 import sys
 
-from partrain.commands.args import PROFILE_DIR_HELP, int_list, print_table, add_data_args
+from partrain.commands.args import (
+    PROFILE_DIR_HELP,
+    add_data_args,
+    int_list,
+    model_options,
+    print_table,
+)
 
 
 def add_profile_parser(sub) -> None:
@@ -47,7 +53,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             print_table(hardware_table(hw))
         print(f"hardware profile: {path}", file=sys.stderr)
         return 0
-    options = {"activation": args.activation} if args.activation else {}
+    options = model_options(args)
     profile, path, reused = load_or_profile(
         args.model, args.dataset, args.batch_sizes, args.threads or os.cpu_count() or 1, args.profile_dir,
         args.data_dir, args.synthetic, options, refresh=args.refresh,

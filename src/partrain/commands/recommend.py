@@ -6,7 +6,12 @@ import argparse
 import json
 import sys
 
-from partrain.commands.args import PROFILE_DIR_HELP, print_table, add_data_args
+from partrain.commands.args import (
+    PROFILE_DIR_HELP,
+    add_data_args,
+    model_options,
+    print_table,
+)
 from partrain.errors import PartrainError
 
 
@@ -45,7 +50,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from partrain.predict.cluster import load_cluster
     from partrain.predict.plan import profile_batch_sizes
     from partrain.profile.cache import hardware_for, load_or_profile, profile_threads
-    from partrain.recommend import needed_batch_sizes, parse_bytes, recommend, recommendation_table
+    from partrain.recommend import (
+        needed_batch_sizes,
+        parse_bytes,
+        recommend,
+        recommendation_table,
+    )
 
     console = Console(stderr=True)
     hw = load_cluster(args.cluster) if args.cluster else None
@@ -58,7 +68,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             hw, _, reused = hardware_for(workers, args.profile_dir)
         profiled += [] if reused else ["collectives"]
     sizes = profile_batch_sizes(needed_batch_sizes(workers, args.batch_size))
-    options = {"activation": args.activation} if args.activation else {}
+    options = model_options(args)
 
     def profile_for(threads: int):
         threads = profile_threads(threads)
@@ -71,8 +81,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     limit = parse_bytes(args.memory_limit) if args.memory_limit else None
     rec = recommend(profile_for, hw, workers, args.batch_size, limit, args.objective, args.threads, args.include_async)
     rec.data_dir, rec.profile_seconds, rec.profile_reused = args.data_dir, time.perf_counter() - start, not profiled
-    measured = _run_recommended(rec, args) if args.run else None
     if args.json:
+        measured = _run_recommended(rec, args) if args.run else None
         print(json.dumps({**rec.to_dict(), "measured": measured}, default=str))
         return 0
     if profiled:
@@ -85,6 +95,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         for plan, reason in dropped:
             print(f"  {plan.label()} on {plan.workers} workers, batch {plan.batch_size}: {reason}")
     print(f"\nrun it here:\n  {rec.local_command()}\nor on each node, under torchrun:\n  {rec.torchrun_command()}")
+    measured = _run_recommended(rec, args) if args.run else None  # after the recommendation that chose it
     if measured:
         print(f"\nmeasured {measured['seconds_per_step'] * 1e3:.2f} ms/step over {measured['steps']} steps, predicted "
               f"{measured['predicted_seconds_per_step'] * 1e3:.2f} ms/step ({measured['error']:+.0%})")
@@ -96,7 +107,7 @@ def _run_recommended(rec, args: argparse.Namespace) -> dict:
     from partrain.runner import run_training
 
     cfg = rec.winner.plan.to_config(args.model, args.dataset, data_dir=args.data_dir, synthetic=args.synthetic,
-                                    model_options={"activation": args.activation} if args.activation else {},
+                                    model_options=model_options(args),
                                     steps=args.steps, eval_limit=1000)
     result = run_training(cfg, show_progress=not args.json)
     if result is None:

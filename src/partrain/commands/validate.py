@@ -35,10 +35,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from partrain.bench import Store
     from partrain.predict.plan import profile_batch_sizes
     from partrain.predict.profiles import busy_warning
+    from partrain.profile.cache import fingerprint, hardware_for, load_or_profile
     from partrain.report.plots import plot_scatter
     from partrain.report.tables import report_tables
     from partrain.validate import validate
-    from partrain.profile.cache import fingerprint, hardware_for, load_or_profile
 
     with Store(args.store, create=False) as store:
         rows = store.rows()

@@ -7,7 +7,7 @@ from partrain.predict import compute
 from partrain.predict.comm import collective_time, stage_transfer_time
 from partrain.predict.cut import balanced_bounds, bounds_from_split_points
 from partrain.predict.memory import MemoryBreakdown, activation_bytes, block_input_bytes, stage_state, transient_bytes
-from partrain.predict.pipeline_sim import PipelineCosts, StepWork, schedule_order, simulate
+from partrain.predict.pipeline_sim import PipelineCosts, SimResult, StepWork, schedule_order, simulate
 from partrain.predict.plan import Plan
 from partrain.predict.prediction import Prediction, _baseline, _Env, _env, _steps_per_epoch
 from partrain.predict.profiles import HardwareProfile, ModelProfile
@@ -66,16 +66,22 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     return PipelineCosts(fwd, bwd, send_fwd, send_bwd, tuple(before), tuple(after))
 
 
-def _pipeline(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Prediction:
+def simulate_plan(profile: ModelProfile, hw: HardwareProfile, plan: Plan, transfers: bool = True) -> SimResult:
+    """The event simulation of ``plan``'s schedule over its measured stage costs: what the
+    prediction is made of, and what a timeline draws beside the measured one."""
     env = _env(hw, plan)
-    bounds = stage_bounds(profile, plan)
-    costs = _pipeline_costs(profile, hw, plan, bounds, env)
+    costs = _pipeline_costs(profile, hw, plan, stage_bounds(profile, plan), env)
     orders = schedule_order(plan.schedule or "gpipe", plan.pp, plan.microbatches, plan.stages_per_worker)
     # k actions of the simulated timeline computing at once are k busy workers on each of its dp
     # replicas, which run the same timeline side by side, spread over the nodes the plan uses
     sharing = lambda k: env.sharing_slowdown(k * plan.dp / env.nodes_used)  # noqa: E731
-    sim = simulate(orders, costs, sharing)
-    no_transfer = simulate(orders, costs.without_transfers(), sharing)
+    return simulate(orders, costs if transfers else costs.without_transfers(), sharing)
+
+
+def _pipeline(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Prediction:
+    bounds = stage_bounds(profile, plan)
+    sim = simulate_plan(profile, hw, plan)
+    no_transfer = simulate_plan(profile, hw, plan, transfers=False)
     busy = sim.busy[0]  # rank 0: the worker whose step time the training loop reports
     compute_s = busy.get("F", 0.0) + busy.get("B", 0.0) + busy.get("runtime", 0.0)
     comm = busy.get("allreduce", 0.0) + max(0.0, sim.step_s - no_transfer.step_s)  # what the transfers add

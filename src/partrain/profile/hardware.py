@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from partrain.progress import phase
 from partrain.errors import PartrainError
 from partrain.predict.fits import CostFit, default_sizes, fit_cost
 from partrain.predict.machine import fingerprint as machine
@@ -70,19 +71,23 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
     device = device_for(backend, info)
     out: dict = {"tiers": {}, "notes": [], "process_group_rss_bytes": joined, "backend": backend,
                  "world_size": info.world_size, "local_world_size": info.local_world_size}
+    say = (lambda text: phase("profile --hardware", text)) if info.rank == 0 else (lambda text: None)  # noqa: E731
     try:
+        say("the pipeline runtime's cost per action and per hop")
         alone, pair = dist.new_group([0]), dist.new_group([0, 1])  # every rank creates every group
         out["pipeline_action_s"] = measure_pipeline_action(alone, device) if info.rank == 0 else 0.0
         with background_load(info.rank not in (0, 1)):  # the job's other workers compute meanwhile
             out["pipeline_probe"] = measure_pipeline_hops(pair, device) if info.rank in (0, 1) else None
             dist.barrier()
         out["compute_sharing"] = {}
+        say(f"compute with 2..{info.local_world_size} workers side by side")
         for k in range(2, info.local_world_size + 1):  # the first k workers of node 0 busy, the rest idle
             group = dist.new_group(list(range(k)))  # every rank creates every group
             if info.rank < k:
                 out["compute_sharing"][k] = measure_compute_sharing(group, device)
             dist.barrier()
         for tier, k, groups, pair in _tier_plans(info.world_size, info.local_world_size):
+            say(f"collectives in groups of {k} ({tier}), {len(sizes)} message sizes")
             made = [(ranks, dist.new_group(ranks)) for ranks in groups]  # every rank creates every group
             mine = next(((ranks, g) for ranks, g in made if dist.get_rank() in ranks), (groups[0], None))
             points, notes = measure_collectives(mine[1], mine[0], pair, sizes, device)

@@ -49,6 +49,7 @@ from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
 from partrain.predict.machine import fingerprint
 from partrain.predict.profiles import BlockProfile, ModelProfile
+from partrain.progress import phase
 from partrain.spec import SPECS
 from partrain.strategies.base import loss_fn  # class or per-token cross-entropy, as training scores it
 
@@ -346,19 +347,22 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         net = build_model(model, spec.input_shape, spec.num_classes, **options)
         blocks = model_blocks(net)
         per_batch = []
-        for b in batch_sizes:
+        for i, b in enumerate(batch_sizes):
+            phase(f"profile {model}", f"timing {len(blocks)} blocks forward and backward at batch {b} ({i + 1} of {len(batch_sizes)})")
             x = train_set.get(torch.arange(b) % len(train_set))[0]
             per_batch.append((_profile_blocks(blocks, x), _time_loss_and_data(net, train_set, b)))
         block_profiles = [
             _block_profile(_name_of(net, blk), blk, [rows[i] for rows, _ in per_batch]) for i, blk in enumerate(blocks)
         ]
         params = [p for p in net.parameters() if p.requires_grad]
+        phase(f"profile {model}", "timing the optimizer steps")
         optimizer_s = {kind: _time_optimizer(params, kind) for kind in OPTIMIZERS}
     finally:
         torch.set_num_threads(saved_threads)
     others = _others_share(load_before, _cpu_seconds(), time.perf_counter() - started)
     first = per_batch[0]  # the smallest batch size: the world-of-one runs' estimated step sets their length
     step_s = sum(r["fwd_s"] + r["bwd_s"] for r in first[0]) + sum(first[1].values()) + optimizer_s["sgd-momentum"]
+    phase(f"profile {model}", "memory and the training loop of serial, DDP and local SGD on a world of one (a fresh process)")
     memory = measure_memory(model, dataset, spec.input_shape, spec.num_classes, batch_sizes, threads, data_dir, synthetic,
                             options, world_of_one_steps(step_s))
     whole = {key: [w[key] for _, w in per_batch] for key in per_batch[0][1]}

@@ -1,1 +1,2 @@
-"""Reports: plots of benchmark results (``plots``)."""
+"""Reports: plots of benchmark results (``plots``), Chrome traces and Gantt charts of runs (``trace``, ``gantt``,
+``timeline_html``), and the self-contained HTML report (``html``, ``page``, ``cached``)."""

@@ -1,0 +1,42 @@
+"""Messages on long work: the suite runner's per-cell lines in a log, and stdout keeping its
+place among stderr when both go to one file."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from partrain.bench.runner import CellProgress
+from partrain.bench.store import Outcome
+from partrain.bench.suite import Cell
+
+
+def test_cell_progress_in_a_log_names_the_cell_the_count_left_and_an_eta(capsys):
+    cells = [Cell("mlp", "mnist", "serial", 1, 64, None, 0.01), Cell("mlp", "mnist", "ddp", 2, 64, None, 0.01),
+             Cell("cnn", "mnist", "ddp", 2, 64, None, 0.01)]
+    with CellProgress(len(cells), True) as progress:
+        for cell in cells:
+            progress.begin(cell)
+            progress.end(cell, Outcome("skipped", "not here"))
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("[")]
+    assert lines[0] == "[1/3, 2 left after it] mlp/mnist serial x1 b64 lr0.01"
+    assert lines[1].startswith("[2/3, 1 left after it, ETA ") and lines[1].endswith("mlp/mnist ddp x2 b64 lr0.01")
+    assert lines[2].startswith("[3/3, 0 left after it, ETA ") and "skipped  cnn/mnist ddp x2" in err
+    assert "3 cells: 3 skipped" in err
+
+
+def test_stdout_keeps_its_order_among_stderr_in_one_file(data_dir, tmp_path):
+    """train --trace prints the run's summary (stdout), then what it wrote (stderr): in that
+    order also when both are one file, where stdout would otherwise be held in a block buffer."""
+    log = tmp_path / "log"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a user's shell has it
+    with log.open("w") as out:
+        proc = subprocess.run([sys.executable, "-m", "partrain", "train", "--model", "mlp", "--steps", "3", "--limit", "640",
+                               "--no-eval", "--threads", "1", "--data-dir", str(data_dir), "--quiet",
+                               "--trace", str(tmp_path / "t.json"), "--no-predicted"],
+                              stdout=out, stderr=subprocess.STDOUT, env=env, timeout=300)
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert 0 <= text.index("mlp on mnist, serial x1") < text.index(f"wrote {tmp_path / 't.json'}")
