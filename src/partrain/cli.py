@@ -13,6 +13,7 @@ import sys
 from partrain import __version__
 from partrain.config import SCHEDULES, STRATEGIES, RunConfig
 from partrain.errors import PartrainError
+from partrain.sweep.command import add_parser as add_sweep_parser
 
 
 def _print_table(table) -> None:
@@ -52,6 +53,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--weight-decay", type=float, default=0.0)
     g.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     g.add_argument("--seed", type=int, default=0, help="seeds weights, data order and synthetic data (default: 0)")
+    g.add_argument("--hidden", type=_int_list, help="mlp: hidden layer widths, e.g. 256,128 (default: 256,128)")
 
     g = p.add_argument_group("parallelism")
     g.add_argument("--strategy", default="serial", help=f"one of: {', '.join(STRATEGIES)} (default: serial)")
@@ -87,6 +89,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         info = detect_launcher()
         workers = info.world_size if info.launched else 1
     options = {"activation": args.activation} if args.activation else {}
+    if args.hidden:
+        options["hidden"] = args.hidden
     return RunConfig(
         model=args.model, dataset=args.dataset, data_dir=args.data_dir, synthetic=args.synthetic, model_options=options,
         epochs=args.epochs, steps=args.steps, limit=args.limit, eval_limit=args.eval_limit, evaluate=args.evaluate,
@@ -654,6 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_predict_parser(sub)
     add_validate_parser(sub)
     add_recommend_parser(sub)
+    add_sweep_parser(sub)
     return parser
 
 

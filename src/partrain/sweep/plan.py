@@ -1,0 +1,143 @@
+"""How to spend W workers on a sweep: which k (workers per trial) finishes soonest.
+
+With ``--per-trial k``, W / k trials run side by side, each k-way data parallel (k = 1: one
+serial trial per worker). A sweep of N trials then takes about ceil(N / (W / k)) waves of
+one trial's time (the brief's model; trials of unequal length even out over many waves).
+One trial's time, from the same profiles and predictor as ``partrain predict``:
+
+    trial = epochs x steps per epoch x step time  +  epochs x evaluation
+    step  = predict_plan(serial or ddp x k) with its compute stretched by the slowdown of
+            W busy workers on the node over the k the prediction assumes (the hardware
+            profile's measured compute sharing: cores, caches, memory bandwidth)
+
+averaged over the trial configurations the space draws (every grid point, or a uniform
+sample). Not modelled: starting a trial's worker processes and reading the data (a few
+seconds each; the k > 1 trials pay a process-group start too), which the measured sweep shows.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import dataclass
+
+from partrain.config import RunConfig
+from partrain.sweep.space import Dimension, trial_config
+
+
+@dataclass
+class KPlan:
+    k: int
+    slots: int  # trials side by side
+    waves: int
+    step_s: float  # mean predicted step of one trial, with the other slots computing beside it
+    steps: float  # mean optimizer steps per trial
+    trial_s: float
+    sweep_s: float
+    comm_s: float  # of step_s: the gradient allreduce backward does not hide
+    slowdown: float  # compute stretch from the other slots
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def sample_configs(dims: list[Dimension], base: RunConfig, sampler: str, grid_points: int, n: int = 64,
+                   seed: int = 0) -> list[RunConfig]:
+    """The trial configurations a sweep will draw: the whole grid, or ``n`` uniform draws."""
+    if sampler == "grid":
+        grid = [{}]
+        for d in dims:
+            grid = [{**g, d.name: v} for g in grid for v in d.grid(grid_points)]
+        return [trial_config(base, g) for g in grid]
+    rng = random.Random(seed)
+
+    def draw(d: Dimension):
+        if d.choices is not None:
+            return rng.choice(d.choices)
+        if d.log:
+            v = math.exp(rng.uniform(math.log(d.low), math.log(d.high)))
+        else:
+            v = rng.uniform(d.low, d.high)
+        return round(v) if d.integer else v
+
+    return [trial_config(base, {d.name: draw(d) for d in dims}) for _ in range(n)]
+
+
+def plan_sweep(configs: list[RunConfig], base: RunConfig, trials: int, workers: int, profile_dir=None,
+               show=lambda msg: None) -> list[KPlan]:
+    """Predicted sweep time for every k that divides ``workers``, fastest first."""
+    from partrain.data import dataset_spec
+    from partrain.predict import compute
+    from partrain.predict.strategies import Plan, _env, predict_plan, profile_batch_sizes
+    from partrain.profile.hardware import hardware_for
+    from partrain.profile.model import load_or_profile
+
+    threads = base.threads or max(1, (os.cpu_count() or 1) // workers)
+    ks = [k for k in range(1, workers + 1) if workers % k == 0]
+    sizes = profile_batch_sizes([c.batch_size / k for c in configs for k in ks])
+    show(f"profiling {base.model} on {base.dataset} at {threads} thread(s), batches {sizes} (cached afterwards)")
+    profile = load_or_profile(base.model, base.dataset, sizes, threads, profile_dir, base.data_dir, base.synthetic,
+                              base.model_options)[0]
+    show(f"measuring this machine's collectives with {workers} workers (cached afterwards)")
+    hw_all = hardware_for(workers, profile_dir)[0]
+    train_n = min(profile.train_samples, base.limit or math.inf)
+    test_n = min(dataset_spec(base.dataset).test_size, base.eval_limit or math.inf) if base.evaluate else 0
+    plans = []
+    for k in ks:
+        hw = hardware_for(k, profile_dir)[0] if k > 1 else hw_all
+        slots = workers // k
+        step_sum = steps_sum = trial_sum = comm_sum = 0.0
+        for cfg in configs:
+            plan = Plan("serial" if k == 1 else "ddp", k, cfg.batch_size, optimizer=cfg.optimizer,
+                        momentum=cfg.momentum, threads=threads, bucket_mb=base.bucket_mb)
+            pred = predict_plan(profile, hw, plan)
+            env = _env(hw_all, plan)
+            slowdown = env.sharing_slowdown(workers) / env.sharing_slowdown(k)
+            step = pred.seconds_per_step + (slowdown - 1) * (pred.compute_s + pred.data_s + pred.optimizer_s)
+            per_epoch = train_n // cfg.batch_size
+            steps = min(cfg.epochs * per_epoch, cfg.steps or math.inf)
+            epochs = math.ceil(steps / per_epoch)
+            fwd = sum(compute.block_times(profile, cfg.batch_size / k)[0]) + compute.loss_time(profile, cfg.batch_size / k)
+            evaluation = epochs * math.ceil(test_n / cfg.batch_size) * fwd * slowdown
+            step_sum += step
+            steps_sum += steps
+            comm_sum += pred.comm_s
+            trial_sum += steps * step + evaluation
+        n = len(configs)
+        waves = math.ceil(trials / slots)
+        plans.append(KPlan(k, slots, waves, step_sum / n, steps_sum / n, trial_sum / n, waves * trial_sum / n,
+                           comm_sum / n, slowdown))
+    return sorted(plans, key=lambda p: p.sweep_s)
+
+
+def explain(plans: list[KPlan], workers: int, trials: int) -> str:
+    """Why the fastest k wins, in a sentence or two."""
+    win = plans[0]
+    lines = [f"--per-trial {win.k} finishes {trials} trials soonest: {win.slots} trial(s) side by side, "
+             f"{win.waves} wave(s) of {win.trial_s:.1f} s."]
+    for p in plans[1:]:
+        what = ("each trial serial" if p.k == 1 else f"each trial ddp x{p.k}, allreduce {p.comm_s * 1e3:.2f} ms of its "
+                f"{p.step_s * 1e3:.2f} ms step")
+        lines.append(f"--per-trial {p.k} ({p.slots} side by side, {what}) would take {p.sweep_s:.0f} s, "
+                     f"{p.sweep_s / win.sweep_s:.2f}x as long.")
+    if win.k == 1:
+        lines.append("Data parallelism splits each step's compute but adds a gradient allreduce every step; "
+                     "trials side by side share nothing, so every core computes and nothing waits.")
+    else:
+        lines.append(f"Splitting each step over {win.k} workers costs less in allreduce than it saves in compute, "
+                     "and fewer trials side by side compete less for the node.")
+    return "\n".join(lines)
+
+
+def plan_table(plans: list[KPlan], title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name in ("per trial k", "side by side", "waves", "ms/step", "of which allreduce", "steps/trial", "s/trial",
+                 "predicted sweep s"):
+        table.add_column(name, justify="right")
+    for p in sorted(plans, key=lambda p: p.k):
+        table.add_row(str(p.k), str(p.slots), str(p.waves), f"{p.step_s * 1e3:.2f}", f"{p.comm_s * 1e3:.2f}",
+                      f"{p.steps:.0f}", f"{p.trial_s:.1f}", f"{p.sweep_s:.0f}")
+    return table
