@@ -114,6 +114,7 @@ def run(args) -> int:
     study = open_study(settings, create=True)
     reclaimed = reclaim_interrupted(study)
     done, _ = counts(study)
+    settings.trials_before = len(study.trials)
     slots = args.workers // args.per_trial
     if not args.quiet and not args.json:
         resumed = f"; resuming: {done} finished" + (f", {reclaimed} interrupted to run again" if reclaimed else "") if done or reclaimed else ""
@@ -171,12 +172,21 @@ def _report(args, settings, study, seconds: float) -> int:
 def _plan(args, settings) -> int:
     from rich.console import Console
 
-    from partrain.sweep.plan import explain, plan_sweep, plan_table, sample_configs
+    from partrain.profile.hardware import hardware_for
+    from partrain.profile.model import load_or_profile
+    from partrain.sweep.plan import explain, plan_sweep, plan_table, profile_sizes, sample_configs
 
-    configs = sample_configs(settings.dims, settings.base.replace(workers=1, strategy="serial"), args.sampler,
-                             args.grid_points, seed=args.seed)
-    show = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
-    plans = plan_sweep(configs, settings.base, args.trials, args.workers, args.profile_dir, show)
+    base = settings.base
+    configs = sample_configs(settings.dims, base.replace(workers=1, strategy="serial"), args.sampler, args.grid_points,
+                             seed=args.seed)
+    sizes = profile_sizes(configs, args.workers)
+    if not args.json:
+        print(f"model profile of {base.model} on {base.dataset} at {base.threads} thread(s), batches {sizes}, and the "
+              f"collectives of up to {args.workers} workers: measured once, then cached", file=sys.stderr)
+    profile = load_or_profile(base.model, base.dataset, sizes, base.threads, args.profile_dir, base.data_dir,
+                              base.synthetic, base.model_options)[0]
+    plans = plan_sweep(configs, base, args.trials, args.workers, profile,
+                       lambda n: hardware_for(n, args.profile_dir)[0])
     if args.json:
         print(json.dumps({"best_k": plans[0].k, "plans": [p.to_dict() for p in plans],
                           "why": explain(plans, args.workers, args.trials)}))

@@ -18,7 +18,6 @@ seconds each; the k > 1 trials pay a process-group start too), which the measure
 from __future__ import annotations
 
 import math
-import os
 import random
 from dataclasses import dataclass
 
@@ -64,32 +63,37 @@ def sample_configs(dims: list[Dimension], base: RunConfig, sampler: str, grid_po
     return [trial_config(base, {d.name: draw(d) for d in dims}) for _ in range(n)]
 
 
-def plan_sweep(configs: list[RunConfig], base: RunConfig, trials: int, workers: int, profile_dir=None,
-               show=lambda msg: None) -> list[KPlan]:
-    """Predicted sweep time for every k that divides ``workers``, fastest first."""
+def profile_sizes(configs: list[RunConfig], workers: int) -> list[int]:
+    """Batch sizes the model profile must cover: every trial's rows per worker, for every k."""
+    from partrain.predict.strategies import profile_batch_sizes
+
+    return profile_batch_sizes([c.batch_size / k for c in configs for k in divisors(workers)])
+
+
+def divisors(workers: int) -> list[int]:
+    return [k for k in range(1, workers + 1) if workers % k == 0]
+
+
+def plan_sweep(configs: list[RunConfig], base: RunConfig, trials: int, workers: int, profile, hardware_for) -> list[KPlan]:
+    """Predicted sweep time for every k that divides ``workers``, fastest first.
+
+    ``profile``: the model profile at the threads each worker gets; ``hardware_for(n)``: the
+    hardware profile for n local workers (this machine's, measured and cached, or a cluster file)."""
     from partrain.data import dataset_spec
     from partrain.predict import compute
-    from partrain.predict.strategies import Plan, _env, predict_plan, profile_batch_sizes
-    from partrain.profile.hardware import hardware_for
-    from partrain.profile.model import load_or_profile
+    from partrain.predict.strategies import Plan, _env, predict_plan
 
-    threads = base.threads or max(1, (os.cpu_count() or 1) // workers)
-    ks = [k for k in range(1, workers + 1) if workers % k == 0]
-    sizes = profile_batch_sizes([c.batch_size / k for c in configs for k in ks])
-    show(f"profiling {base.model} on {base.dataset} at {threads} thread(s), batches {sizes} (cached afterwards)")
-    profile = load_or_profile(base.model, base.dataset, sizes, threads, profile_dir, base.data_dir, base.synthetic,
-                              base.model_options)[0]
-    show(f"measuring this machine's collectives with {workers} workers (cached afterwards)")
-    hw_all = hardware_for(workers, profile_dir)[0]
+    threads = profile.threads
+    hw_all = hardware_for(workers)
     train_n = min(profile.train_samples, base.limit or math.inf)
     test_n = min(dataset_spec(base.dataset).test_size, base.eval_limit or math.inf) if base.evaluate else 0
     plans = []
-    for k in ks:
-        hw = hardware_for(k, profile_dir)[0] if k > 1 else hw_all
+    for k in divisors(workers):
+        hw = hardware_for(k) if k > 1 else hw_all
         slots = workers // k
         step_sum = steps_sum = trial_sum = comm_sum = 0.0
         for cfg in configs:
-            plan = Plan("serial" if k == 1 else "ddp", k, cfg.batch_size, optimizer=cfg.optimizer,
+            plan = Plan("serial" if k == 1 else "ddp", k, cfg.batch_size, dp=k, optimizer=cfg.optimizer,
                         momentum=cfg.momentum, threads=threads, bucket_mb=base.bucket_mb)
             pred = predict_plan(profile, hw, plan)
             env = _env(hw_all, plan)

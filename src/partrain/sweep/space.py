@@ -174,7 +174,7 @@ def train_command(cfg: RunConfig, defaults: RunConfig | None = None) -> str:
     for name in flags:
         value = getattr(cfg, name)
         if value is not None and (value != getattr(defaults, name) or name in ("epochs", "batch_size", "lr")):
-            args += [f"--{name.replace('_', '-')}", f"{value:.6g}" if isinstance(value, float) else str(value)]
+            args += [f"--{name.replace('_', '-')}", repr(value) if isinstance(value, float) else str(value)]
     if cfg.data_dir:
         args += ["--data-dir", cfg.data_dir]
     if cfg.synthetic:

@@ -21,7 +21,7 @@ import signal
 import socket
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from partrain.config import RunConfig
 from partrain.errors import PartrainError
@@ -47,7 +47,13 @@ class SweepSettings:
     grid_points: int = 3
     quiet: bool = True
     slot: int = 0
-    extra: dict = field(default_factory=dict)
+    trials_before: int = 0  # trials in the study when this run started: a resumed sweep draws anew
+
+    @property
+    def sampler_seed(self) -> int:
+        """Fixed by --seed for a fresh sweep; different per slot (else slots draw alike) and per
+        resume (else a rerun slot draws the same values again)."""
+        return (self.seed * 1_000_003 + self.trials_before * 1009 + self.slot) % 2**31
 
 
 def storage_url(storage: str | None, study: str) -> str:
@@ -73,12 +79,13 @@ def sampler_for(settings: SweepSettings):
     import optuna
 
     if settings.sampler == "grid":
-        return optuna.samplers.GridSampler({d.name: d.grid(settings.grid_points) for d in settings.dims}, seed=settings.seed)
+        return optuna.samplers.GridSampler({d.name: d.grid(settings.grid_points) for d in settings.dims},
+                                           seed=settings.sampler_seed)
     if settings.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=settings.seed + settings.slot)
+        return optuna.samplers.RandomSampler(seed=settings.sampler_seed)
     if settings.sampler == "tpe":
         # constant_liar: trials running in other slots count as bad guesses, so slots spread out
-        return optuna.samplers.TPESampler(seed=settings.seed + settings.slot, constant_liar=True, n_startup_trials=4)
+        return optuna.samplers.TPESampler(seed=settings.sampler_seed, constant_liar=True, n_startup_trials=4)
     raise PartrainError(f"unknown --sampler {settings.sampler!r}: choose grid, random or tpe")
 
 
@@ -200,7 +207,7 @@ class EpochReporter:
             self._trial = optuna.Trial(open_study(self.settings), self.trial_id)
         accuracy = ep.test_accuracy if ep.test_accuracy is not None else -ep.train_loss
         self._trial.report(accuracy, ep.epoch)
-        return self._trial.should_prune()
+        return bool(self._trial.should_prune())
 
 
 class TrialError(Exception):
