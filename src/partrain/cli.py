@@ -13,6 +13,7 @@ import sys
 from partrain import __version__
 from partrain.config import SCHEDULES, STRATEGIES, RunConfig
 from partrain.errors import PartrainError
+from partrain.serve.command import add_parser as add_serve_parser
 from partrain.sweep.command import add_parser as add_sweep_parser
 
 
@@ -659,6 +660,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_validate_parser(sub)
     add_recommend_parser(sub)
     add_sweep_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 
