@@ -116,6 +116,25 @@ def test_the_reporter_prunes_a_trial_below_the_median_even_unpickled(tmp_path):
     assert study.trials[bad.number].intermediate_values == {1: 0.10}
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat")
+def test_a_trial_failed_by_ctrl_c_is_queued_again_once_and_an_error_is_a_verdict(tmp_path):
+    from partrain.sweep.study import counts, reclaim_interrupted
+
+    settings = SweepSettings(storage_url(str(tmp_path / "s.db"), "s"), "s", 8, parse_space(["lr"], "mlp"), RunConfig())
+    study = open_study(settings, create=True)
+    interrupted, broken = study.ask(), study.ask()
+    for trial in (interrupted, broken):
+        trial.suggest_float("lr", 1e-3, 0.3, log=True)
+    broken.set_user_attr("error", "batch size 64 exceeds the 10 training samples")
+    for trial in (interrupted, broken):
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    assert counts(study) == (1, 0)  # the error is a verdict, the interruption is not
+    assert reclaim_interrupted(study, failed_too=True) == 1
+    assert reclaim_interrupted(study, failed_too=True) == 0  # queued once, not at every start
+    waiting = [t for t in study.trials if t.state.name == "WAITING"]
+    assert len(waiting) == 1 and waiting[0].params == interrupted.params
+
+
 # ---- end to end --------------------------------------------------------------------------------
 
 

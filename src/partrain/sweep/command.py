@@ -112,7 +112,7 @@ def run(args) -> int:
 
     preflight(settings.base)  # missing data or an unknown model: one line, before any trial starts
     study = open_study(settings, create=True)
-    reclaimed = reclaim_interrupted(study)
+    reclaimed = reclaim_interrupted(study, failed_too=True)
     done, _ = counts(study)
     settings.trials_before = len(study.trials)
     slots = args.workers // args.per_trial

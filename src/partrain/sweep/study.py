@@ -154,23 +154,34 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def reclaim_interrupted(study) -> int:
+def reclaim_interrupted(study, failed_too: bool = False) -> int:
     """Fail and requeue this host's RUNNING trials whose slot process is gone, and every
-    trial whose heartbeat went stale (Optuna's own check, for other hosts). Returns how many."""
+    trial whose heartbeat went stale (Optuna's own check, for other hosts). With
+    ``failed_too`` (the sweep's start, one process) also requeue trials that failed without
+    a verdict and were never run again: a Ctrl-C marks its trials FAIL. Returns how many."""
     import optuna
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.storages import RetryHeartbeatStaleTrialCallback
     from optuna.trial import TrialState
 
     storage, host, n = study._storage, socket.gethostname(), 0
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.user_attrs.get("host") == host and "pid" in t.user_attrs and not _alive(t.user_attrs["pid"]):
-            try:
+    retry = RetryHeartbeatStaleTrialCallback()
+    trials = study.get_trials(deepcopy=False)
+    for t in trials:
+        if t.state == TrialState.RUNNING and t.user_attrs.get("host") == host and "pid" in t.user_attrs \
+                and not _alive(t.user_attrs["pid"]):
+            try:  # atomic: of several slots reclaiming at once, one succeeds
                 storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
             except UpdateFinishedTrialError:
-                continue  # another slot reclaimed it first
-            RetryHeartbeatStaleTrialCallback()(study, storage.get_trial(t._trial_id))
+                continue
+            retry(study, storage.get_trial(t._trial_id))
             n += 1
+    if failed_too:
+        retried = {number for t in trials for number in t.system_attrs.get("retry_history", [])}
+        for t in trials:
+            if t.state == TrialState.FAIL and not {"error", "surplus"} & t.user_attrs.keys() and t.number not in retried:
+                retry(study, t)
+                n += 1
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
