@@ -30,16 +30,15 @@ def test_a_dead_worker_fails_the_run_naming_its_rank(data_dir):
 
 
 def test_a_worker_error_is_one_line_and_exit_status_2(data_dir, tmp_path):
-    # bad input that only the workers can find (a checkpoint directory without their files)
+    # bad input that only the workers can find (a batch larger than the training rows they load)
     proc = subprocess.run(
-        [sys.executable, "-m", "partrain", "train", "--strategy", "ddp", "--workers", "2", "--resume", str(tmp_path),
-         "--data-dir", str(data_dir), "--steps", "2"],
+        [sys.executable, "-m", "partrain", "train", "--strategy", "ddp", "--workers", "2", "--limit", "100",
+         "--batch-size", "128", "--data-dir", str(data_dir), "--steps", "2"],
         capture_output=True, text=True, cwd=REPO, timeout=120,
     )
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()  # one line, whichever worker found it first
-    assert line.startswith("partrain: error: no checkpoint for rank ")
-    assert line.endswith(f"in {tmp_path}: resume with the directory given to --checkpoint")
+    assert line == "partrain: error: batch size 128 exceeds the 100 training samples: use a smaller --batch-size"
 
 
 def _torchrun_nodes(data_dir, nproc: int, train_args: list[str]) -> list[subprocess.CompletedProcess]:

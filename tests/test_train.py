@@ -27,7 +27,9 @@ def test_resume_gives_the_same_result_as_not_stopping(data_dir, tmp_path):
     straight = train(data_dir, **kw)
     ckpt = tmp_path / "ckpt"
     train(data_dir, steps=14, checkpoint=str(ckpt), **kw)  # stops mid-epoch 2 (10 steps an epoch)
-    assert (ckpt / "rank0.pt").exists() and (ckpt / "meta.json").exists()
+    newest = ckpt / (ckpt / "LATEST").read_text()
+    assert (newest / "rank0.pt").exists() and (newest / "meta.json").exists()
+    assert [d.name for d in ckpt.glob("step-*")] == [newest.name]  # older sets are gone once the new one is whole
     resumed = train(data_dir, resume=str(ckpt), **kw)
     assert resumed.step_losses == straight.step_losses
     assert resumed.test_accuracy == straight.test_accuracy

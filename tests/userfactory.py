@@ -34,3 +34,23 @@ def foreign_blocks(input_shape, num_classes):
 
 
 NOT_CALLABLE = 3
+
+
+def raises(input_shape, num_classes):
+    raise ValueError("width must be even")
+
+
+def exits(input_shape, num_classes):
+    import sys
+
+    sys.exit(3)
+
+
+def wrong_output(input_shape, num_classes):
+    """Seven outputs for a ten-class dataset."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(int(torch.tensor(input_shape).prod()), 7))
+
+
+def bad_shapes(input_shape, num_classes):
+    """Its second block expects 100 features and gets 32."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(int(torch.tensor(input_shape).prod()), 32), nn.Linear(100, num_classes))

@@ -1,23 +1,51 @@
-"""Per-worker checkpoints that resume exactly.
+"""Checkpoints that resume exactly, written as an atomic set.
 
-Each worker writes its own file, ``<dir>/rank<R>.pt``: the state of the modules it holds
-(a pipeline stage, a shard, or the whole model), its optimizer state, the position in
-training (epoch, step within it) and the RNG state. Sharded (DTensor) state is saved as
-this worker's local shard and put back into the same sharding on load. Files are written
-to a temporary name and renamed, so an interrupted save never leaves a torn checkpoint.
-Loading uses ``torch.load(weights_only=True)``: a checkpoint cannot run code.
+A checkpoint directory holds one complete set per save and a pointer to the newest::
+
+    <dir>/step-000120/rank0.pt, rank1.pt, ...   each worker's own state
+    <dir>/step-000120/meta.json                 the run's configuration and position (rank 0)
+    <dir>/LATEST                                "step-000120"
+
+Each worker writes its file into the new step directory (temporary name, fsync, rename);
+after a barrier, when every rank's file is whole, rank 0 writes ``meta.json`` and only
+then switches ``LATEST`` (rename, atomic on POSIX) and removes the older sets. A kill at
+any moment therefore leaves ``LATEST`` naming a complete set: the previous one until the
+new one is whole. A worker's file holds the state of the modules it holds (a pipeline
+stage, a shard, or the whole model), its optimizer state and RNG state; sharded (DTensor)
+state is saved as the local shard and put back into the same sharding on load. Loading
+uses ``torch.load(weights_only=True)``: a checkpoint cannot run code.
+
+``resume_config`` runs in the launcher, before any worker starts: it refuses a set that is
+incomplete or was written by a different configuration, and carries over what must not
+change (the pipeline cut) while options a resume may change (learning rate, momentum,
+weight decay, length of the run) are applied and said.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
+import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from partrain.config import RunConfig
 from partrain.errors import PartrainError
 from partrain.strategies.base import Stepper
+
+POINTER = "LATEST"
+# a resume must agree with the checkpoint on these: they decide which state each rank holds
+# and which samples each step sees
+MUST_MATCH = ("model", "dataset", "model_options", "synthetic", "limit", "strategy", "workers", "pp", "dp",
+              "schedule", "stages_per_worker", "microbatches", "balance", "batch_size", "seed", "optimizer",
+              "average_every")
+# a resume may change these; the optimizer's are applied to its state, and said
+MAY_CHANGE = ("lr", "momentum", "weight_decay")
 
 
 def _local(value):
@@ -33,47 +61,124 @@ def _local(value):
     return value
 
 
+def _write_atomic(path: Path, write) -> None:
+    """``write(file)`` into a temporary name, fsync, rename; a full disk is one clear line."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
+        tmp.unlink(missing_ok=True)
+        full = getattr(err, "errno", None) == errno.ENOSPC or "No space" in str(err) or "inline_container" in str(err)
+        free = shutil.disk_usage(path.parent).free / 2**20 if path.parent.exists() else 0.0
+        reason = f"the disk is full ({free:.0f} MB free)" if full or free < 1 else str(err).splitlines()[0]
+        raise PartrainError(f"cannot write checkpoint {path}: {reason}; free space or point --checkpoint elsewhere") from None
+
+
 def save(directory: str | Path, stepper: Stepper, rank: int, position: dict, meta: dict) -> None:
+    """Write this rank's part of the set for ``position``; rank 0 publishes the set once all are whole."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    step_dir = directory / f"step-{position['global_step']:06d}"
+    step_dir.mkdir(parents=True, exist_ok=True)
     state = {
         "model": _local(stepper.state_modules().state_dict()),
         "optimizer": _local(stepper.optimizer.state_dict()),
         "position": position,
         "rng": torch.get_rng_state(),
     }
-    path = directory / f"rank{rank}.pt"
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    _write_atomic(step_dir / f"rank{rank}.pt", lambda f: torch.save(state, f))
+    if dist.is_initialized():
+        dist.barrier()  # every rank's file is whole before the pointer moves
     if rank == 0:
-        (directory / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+        record = {**meta, "position": {k: position[k] for k in ("epoch", "step", "global_step")}}
+        _write_atomic(step_dir / "meta.json", lambda f: f.write(json.dumps(record, indent=2, default=str).encode()))
+        _write_atomic(directory / POINTER, lambda f: f.write(step_dir.name.encode()))
+        for old in directory.glob("step-*"):  # the older sets, and any partial one a kill left
+            if old.name != step_dir.name:
+                shutil.rmtree(old, ignore_errors=True)
 
 
-def load(directory: str | Path, stepper: Stepper, rank: int, meta: dict) -> dict:
-    """Restore this worker's state; returns the saved position (epoch, step, ...)."""
+def latest_set(directory: str | Path) -> Path:
+    """The newest complete set in ``directory``, or a clear error."""
     directory = Path(directory)
-    path = directory / f"rank{rank}.pt"
-    if not path.exists():
-        raise PartrainError(f"no checkpoint for rank {rank} in {directory}: resume with the directory given to --checkpoint")
-    saved_meta = json.loads((directory / "meta.json").read_text()) if (directory / "meta.json").exists() else {}
-    for key in ("model", "dataset", "strategy", "workers", "pp", "dp", "stages_per_worker", "batch_size"):
-        if key in saved_meta and saved_meta[key] != meta.get(key):
+    if not directory.is_dir():
+        raise PartrainError(f"--resume {directory}: no such directory; give the directory that --checkpoint wrote")
+    pointer = directory / POINTER
+    if not pointer.is_file():
+        raise PartrainError(f"--resume {directory}: no complete checkpoint there (no {POINTER} file); "
+                            "give the directory that --checkpoint wrote")
+    step_dir = directory / pointer.read_text().strip()
+    if not (step_dir / "meta.json").is_file():
+        raise PartrainError(f"--resume {directory}: {POINTER} names {step_dir.name}, which is not a complete set")
+    return step_dir
+
+
+def _read_meta(step_dir: Path) -> dict:
+    try:
+        meta = json.loads((step_dir / "meta.json").read_text())
+        meta["position"]["global_step"]
+        return meta
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise PartrainError(f"checkpoint {step_dir}/meta.json is unreadable ({type(err).__name__}): "
+                            "resume from another checkpoint or start afresh") from None
+
+
+def resume_config(cfg: RunConfig, meta: dict) -> RunConfig:
+    """Check ``cfg.resume`` against this run before any worker starts; returns ``cfg`` with
+    the checkpoint's pipeline cut. ``meta`` is what this run would record (see ``run_meta``)."""
+    step_dir = latest_set(cfg.resume)
+    saved = _read_meta(step_dir)
+    for key in MUST_MATCH:
+        if key in saved and saved[key] != meta.get(key):
             raise PartrainError(
-                f"checkpoint in {directory} was written with {key}={saved_meta[key]!r}, this run has "
+                f"checkpoint in {cfg.resume} was written with {key}={saved[key]!r}, this run has "
                 f"{key}={meta.get(key)!r}: resume with the same configuration"
             )
+    missing = [r for r in range(cfg.workers) if not (step_dir / f"rank{r}.pt").is_file()]
+    if missing:
+        raise PartrainError(f"checkpoint {step_dir} lacks rank {missing[0]}'s file: the set is incomplete; "
+                            "resume from another checkpoint or start afresh")
+    changed = [f"{k} {saved[k]} -> {getattr(cfg, k)}" for k in MAY_CHANGE if k in saved and saved[k] != getattr(cfg, k)]
+    if changed:
+        print(f"partrain: resuming with {', '.join(changed)} (applied to the restored optimizer)", file=sys.stderr)
+    if cfg.split_points is None and saved.get("split_points"):
+        cfg = cfg.replace(split_points=list(saved["split_points"]))  # the same cut, so each rank's state fits
+    return cfg
+
+
+def run_meta(cfg: RunConfig, split_points: list[int] | None = None) -> dict:
+    """What a checkpoint records of the run that wrote it."""
+    return {**cfg.to_dict(), "pp": cfg.dims.pp, "dp": cfg.dims.dp, "split_points": split_points}
+
+
+def load(directory: str | Path, stepper: Stepper, rank: int, cfg: RunConfig) -> dict:
+    """Restore this worker's state from the newest set; returns the saved position (epoch, step, ...)."""
+    step_dir = latest_set(directory)
+    path = step_dir / f"rank{rank}.pt"
     try:
         state = torch.load(path, weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unreadable file is the same problem to the user
-        raise PartrainError(f"cannot read checkpoint {path}: {err}") from None
-    with torch.no_grad():
-        for key, target in stepper.state_modules().state_dict().items():
-            (target.to_local() if isinstance(target, DTensor) else target).copy_(state["model"][key])
-    stepper.optimizer.load_state_dict(state["optimizer"])
+        with torch.no_grad():
+            for key, target in stepper.state_modules().state_dict().items():
+                (target.to_local() if isinstance(target, DTensor) else target).copy_(state["model"][key])
+        stepper.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        position = state["position"]
+    except FileNotFoundError:
+        raise PartrainError(f"no checkpoint for rank {rank} in {step_dir}: the set is incomplete") from None
+    except Exception as err:  # noqa: BLE001 - unreadable, a missing key, a wrong shape: the same problem to the user
+        reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        raise PartrainError(f"checkpoint {path} does not fit this run ({type(err).__name__}: {reason}); "
+                            "resume with the configuration that wrote it") from None
     _reshard_optimizer_state(stepper.optimizer)
-    torch.set_rng_state(state["rng"])
-    return state["position"]
+    for group in stepper.optimizer.param_groups:  # what a resume may change, applied
+        group["lr"] = cfg.lr
+        if "momentum" in group:
+            group["momentum"] = cfg.momentum
+        group["weight_decay"] = cfg.weight_decay
+    return position
 
 
 def _reshard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import signal
 import sys
+import threading
+import traceback
 
 from partrain import __version__
 from partrain.config import SCHEDULES, STRATEGIES, RunConfig
@@ -22,6 +27,28 @@ def _print_table(table) -> None:
     from rich.console import Console
 
     Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0 (nan, inf and negatives refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
 
 
 def _int_list(text: str) -> list[int]:
@@ -273,7 +300,7 @@ def add_scale_parser(sub) -> None:
     p.add_argument("--limit", type=int, help="train on the first N samples only")
     p.add_argument("--eval-limit", type=int, help="evaluate on the first N test samples only")
     p.add_argument("--synthetic", action="store_true", default=None, help="generated data of the dataset's shape")
-    p.add_argument("--threads", type=int, help="intra-op threads per worker (default: 1)")
+    p.add_argument("--threads", type=_positive_int, help="intra-op threads per worker (default: 1)")
     p.add_argument("--repeats", type=int, help="runs of every cell (default: 1)")
     p.add_argument("--timeout", type=float, help="seconds per cell (default: 600)")
     p.add_argument("--data-dir", help="where the datasets are (default: $PARTRAIN_DATA_DIR, else ~/.partrain/data)")
@@ -318,10 +345,10 @@ def add_profile_parser(sub) -> None:
     )
     add_data_args(p)
     p.add_argument("--batch-sizes", type=_int_list, default=[8, 32], help="batch sizes to profile (default: 8,32)")
-    p.add_argument("--threads", type=int, help="intra-op threads (default: every core for a model, 1 per worker for --hardware)")
+    p.add_argument("--threads", type=_positive_int, help="intra-op threads (default: every core for a model, 1 per worker for --hardware)")
     p.add_argument("--hardware", action="store_true", help="profile the collectives instead of a model")
-    p.add_argument("--workers", type=int, default=2, help="--hardware: local workers (default: 2; a launcher's world size under one)")
-    p.add_argument("--max-mb", type=float, default=64.0, help="--hardware: largest message in MiB (default: 64)")
+    p.add_argument("--workers", type=_positive_int, default=2, help="--hardware: local workers (default: 2; a launcher's world size under one)")
+    p.add_argument("--max-mb", type=_positive_float, default=64.0, help="--hardware: largest message in MiB (default: 64)")
     p.add_argument("--profile-dir", help=PROFILE_DIR_HELP)
     p.add_argument("--refresh", action="store_true", help="measure again even when a cached profile exists")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
@@ -376,11 +403,11 @@ def add_predict_parser(sub) -> None:
         "machine's hardware profile (each measured first if not cached) or a cluster file.",
     )
     add_data_args(p)
-    p.add_argument("--workers", type=int, default=1, help="number of workers (default: 1)")
-    p.add_argument("--batch-size", type=int, default=64, help="global batch (default: 64)")
+    p.add_argument("--workers", type=_positive_int, default=1, help="number of workers (default: 1)")
+    p.add_argument("--batch-size", type=_positive_int, default=64, help="global batch (default: 64)")
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
-    p.add_argument("--threads", type=int, help="intra-op threads per worker (default: cores / local workers, as train)")
+    p.add_argument("--threads", type=_positive_int, help="intra-op threads per worker (default: cores / local workers, as train)")
     p.add_argument("--strategies", type=_str_list, help="only these strategies (comma-separated)")
     p.add_argument("--cluster", help="cluster TOML to predict for instead of this machine (see examples/cluster.toml)")
     p.add_argument("--profile-batch-sizes", type=_int_list, help="model profile batch sizes (default: covering the plans)")
@@ -540,12 +567,12 @@ def add_recommend_parser(sub) -> None:
         "cached. --run trains the winner straight away and prints the measured step time beside the prediction.",
     )
     add_data_args(p)
-    p.add_argument("--workers", type=int, help="at most this many workers (default: the cluster's, else 1)")
+    p.add_argument("--workers", type=_positive_int, help="at most this many workers (default: the cluster's, else 1)")
     p.add_argument("--cluster", help="cluster TOML to recommend for instead of this machine (see examples/cluster.toml)")
-    p.add_argument("--batch-size", type=int, help="fix the global batch (default: free, 32/64/128 per worker)")
+    p.add_argument("--batch-size", type=_positive_int, help="fix the global batch (default: free, 32/64/128 per worker)")
     p.add_argument("--memory-limit", help="memory per worker, e.g. 2GB (default: the device's, or RAM / local workers)")
     p.add_argument("--objective", choices=["time", "memory"], default="time", help="rank by time per epoch (default) or memory")
-    p.add_argument("--threads", type=int, help="intra-op threads per worker (default: cores / local workers, as train)")
+    p.add_argument("--threads", type=_positive_int, help="intra-op threads per worker (default: cores / local workers, as train)")
     p.add_argument("--async", dest="include_async", action="store_true",
                    help="also rank local-sgd and hogwild, which do not reproduce serial training")
     p.add_argument("--top", type=int, default=8, help="plans to show (default: 8)")
@@ -637,6 +664,8 @@ def build_parser() -> argparse.ArgumentParser:
         "partrain trains with any strategy, benchmarks, predicts and recommends.",
     )
     parser.add_argument("--version", action="version", version=f"partrain {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, also print the traceback behind it (your model's code, say)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("train", help="train a model with a parallelization strategy",
@@ -664,13 +693,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum, frame):
+    """SIGTERM ends a command as Ctrl-C does: workers stopped, temporary files removed."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         return args.func(args)
     except PartrainError as err:
+        if args.debug and err.__cause__ is not None:
+            traceback.print_exception(err.__cause__, file=sys.stderr)
         print(f"partrain: error: {err}", file=sys.stderr)
         return err.exit_status
     except KeyboardInterrupt:
         print("partrain: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `partrain results | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0

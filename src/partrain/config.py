@@ -9,6 +9,7 @@ configuration is refused before any process is spawned or any data is read.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from partrain.errors import PartrainError
@@ -28,6 +29,12 @@ STRATEGIES: dict[str, tuple[str, str]] = {
 
 # Pipeline schedules by name. "interleaved-1f1b" needs several stages per worker.
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+
+def _finite_in(flag: str, value: float, what: str, ok) -> None:
+    """Refuse NaN, infinities and values outside the option's range, naming the option."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+        raise PartrainError(f"{flag} must be a finite number {what}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -112,18 +119,19 @@ class RunConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise PartrainError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise PartrainError(f"--lr must be positive, got {self.lr}")
-        if not 0 <= self.momentum < 1:
-            raise PartrainError(f"--momentum must be in [0, 1), got {self.momentum}")
+        _finite_in("--lr", self.lr, "> 0", lambda v: v > 0)
+        _finite_in("--momentum", self.momentum, "in [0, 1)", lambda v: 0 <= v < 1)
+        _finite_in("--weight-decay", self.weight_decay, ">= 0", lambda v: v >= 0)
+        _finite_in("--timeout", self.timeout_s, "> 0", lambda v: v > 0)
+        _finite_in("--bucket-mb", self.bucket_mb, "> 0", lambda v: v > 0)
+        if not 0 <= self.seed < 2**32:
+            raise PartrainError(f"--seed must be in 0..{2**32 - 1}, got {self.seed}")
         if self.optimizer not in ("sgd", "adam"):
             raise PartrainError(f"unknown optimizer {self.optimizer!r}: choose sgd or adam")
         if self.balance not in ("time", "params"):
             raise PartrainError(f"unknown --balance {self.balance!r}: choose time or params")
         if self.backend not in (None, "gloo", "nccl"):
             raise PartrainError(f"unknown backend {self.backend!r}: choose gloo or nccl")
-        if self.bucket_mb <= 0:
-            raise PartrainError(f"--bucket-mb must be positive, got {self.bucket_mb}")
         self._check_average_every()
         self._check_parallel()
 

@@ -13,29 +13,84 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from partrain import checkpoint
 from partrain.config import RunConfig
 from partrain.data import dataset_spec, load_dataset
 from partrain.distributed.launch import LaunchInfo, detect_launcher
 from partrain.distributed.spawn import spawn
 from partrain.errors import PartrainError
-from partrain.models import build_model, model_blocks
+from partrain.models import model_blocks
+from partrain.models.check import checked_model
 from partrain.strategies.partition import pipeline_refusal
 from partrain.train import EpochHook, RunResult, train_worker
 
 
-def preflight(cfg: RunConfig) -> None:
-    """Everything that can be checked without a process group, checked in the launcher."""
+def preflight(cfg: RunConfig) -> RunConfig:
+    """Everything that can be checked without a process group, checked in the launcher;
+    returns ``cfg`` as the workers should run it (a resume keeps its checkpoint's pipeline cut)."""
     spec = dataset_spec(cfg.dataset)
     # reading the test split proves the files exist and parse (the train split is read by the workers)
     load_dataset(cfg.dataset, "test", data_dir=cfg.data_dir, synthetic=cfg.synthetic, limit=1)
-    model = build_model(cfg.model, spec.input_shape, spec.num_classes, **cfg.model_options)
+    model = checked_model(cfg.model, spec.input_shape, spec.num_classes, cfg.model_options)
     if reason := pipeline_refusal(cfg, len(model_blocks(model))):
         raise PartrainError(reason)
     if cfg.strategy == "hogwild" and cfg.backend == "nccl":
         raise PartrainError("hogwild shares weights in host memory: run it with --backend gloo")
+    check_machine(cfg)
+    check_outputs(cfg)
+    if cfg.resume:
+        cfg = checkpoint.resume_config(cfg, checkpoint.run_meta(cfg))
+    return cfg
+
+
+# More workers or threads than this many per core cannot help and only exhausts the machine
+# (`--threads 100000` crashes the OpenMP runtime; `--workers 1000` forks until memory runs out).
+MAX_PER_CORE = 4
+
+
+def check_machine(cfg: RunConfig) -> None:
+    """Refuse workers and threads this machine cannot run (a launcher's job is its own affair)."""
+    cores = os.cpu_count() or 1
+    if not detect_launcher().launched and cfg.workers > MAX_PER_CORE * cores:
+        raise PartrainError(f"--workers {cfg.workers} on a machine with {cores} cores: at most "
+                            f"{MAX_PER_CORE * cores} local workers; use a launcher (torchrun, srun) for more machines")
+    if cfg.threads is not None and cfg.threads > MAX_PER_CORE * cores:
+        raise PartrainError(f"--threads {cfg.threads} on a machine with {cores} cores: at most {MAX_PER_CORE * cores} "
+                            f"(leave --threads out for cores / local workers)")
+
+
+def check_outputs(cfg: RunConfig) -> None:
+    """Output paths are refused before training, not when the run has finished."""
+    for flag, path in (("--checkpoint", cfg.checkpoint), ("--events", cfg.events)):
+        if path is not None:
+            check_output_dir(flag, path)
+    if cfg.save_model is not None:
+        check_output_file("--save-model", cfg.save_model)
+
+
+def check_output_dir(flag: str, path: str) -> None:
+    """``path`` is a directory, or can be made one: no file in the way, a writable ancestor."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise PartrainError(f"{flag} {path}: a file is in the way; give a directory")
+    existing = next(a for a in (p, *p.parents) if a.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PartrainError(f"{flag} {path}: {existing} is not writable; choose another place")
+
+
+def check_output_file(flag: str, path: str) -> None:
+    """``path`` can be written as a file: not a directory, its folder exists and is writable."""
+    p = Path(path)
+    if p.is_dir():
+        raise PartrainError(f"{flag} {path}: is a directory; give a file name, e.g. {p / 'model.pt'}")
+    if not p.parent.is_dir():
+        raise PartrainError(f"{flag} {path}: the folder {p.parent} does not exist; create it first")
+    if not os.access(p.parent, os.W_OK):
+        raise PartrainError(f"{flag} {path}: the folder {p.parent} is not writable")
 
 
 @record
@@ -61,9 +116,9 @@ def run_training(cfg: RunConfig, show_progress: bool = True, on_epoch: EpochHook
                 f"the {info.launcher} launch has {info.world_size} workers but --workers is {cfg.workers}: "
                 "leave --workers out under a launcher, or make them agree"
             )
-        preflight(cfg)  # on every rank: each refuses alike, none waits for a peer that quit
+        cfg = preflight(cfg)  # on every rank: each refuses alike, none waits for a peer that quit
         return train_worker(cfg, info, show_progress, on_epoch)
-    preflight(cfg)
+    cfg = preflight(cfg)
     if cfg.workers == 1:
         return train_worker(cfg, LaunchInfo("none"), show_progress, on_epoch)
     results = spawn(worker_main, (cfg, show_progress, on_epoch), cfg.workers)

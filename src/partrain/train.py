@@ -12,7 +12,6 @@ losses and accuracy are reduced once an epoch.
 
 from __future__ import annotations
 
-import gc
 import math
 import statistics
 import time
@@ -26,7 +25,9 @@ from partrain import __version__, checkpoint, model_file
 from partrain.config import RunConfig
 from partrain.data import load_dataset
 from partrain.distributed.context import DistContext, build_mesh
-from partrain.distributed.launch import LaunchInfo, device_for, init_process_group, keep_freed_memory, set_threads
+from partrain.distributed.launch import (
+    LaunchInfo, device_for, init_process_group, keep_freed_memory, leave_process_group, set_threads,
+)
 from partrain.errors import PartrainError
 from partrain.events import EventLog
 from partrain.models import build_model, count_parameters, model_blocks
@@ -112,13 +113,7 @@ def train_worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool = True,
         ctx.events.write()
         return result if info.rank == 0 else None
     finally:
-        if dist.is_initialized():
-            # FSDP's modules and mesh keep the group alive past destroy_process_group; if
-            # they are only freed at interpreter exit, a gloo thread still holding a
-            # finished all-gather takes the GIL during finalization and aborts the
-            # process. Collecting them first lets the group shut its threads down now.
-            gc.collect()
-            dist.destroy_process_group()
+        leave_process_group()
 
 
 def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, on_epoch: EpochHook | None = None) -> RunResult:
@@ -143,10 +138,10 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
         result.partition, result.split_points = describe(part, blocks), part.split_points
 
     # --- resume: position, weights, optimizer state and RNG, as they were
-    meta = {**cfg.to_dict(), "pp": ctx.dims.pp, "dp": ctx.dims.dp}
+    meta = checkpoint.run_meta(cfg, part.split_points if part is not None else None)
     start_epoch, start_step, done = 0, 0, 0
-    if cfg.resume:
-        pos = checkpoint.load(cfg.resume, stepper, ctx.rank, meta)
+    if cfg.resume:  # the launcher has checked the set against this run (checkpoint.resume_config)
+        pos = checkpoint.load(cfg.resume, stepper, ctx.rank, cfg)
         start_epoch, start_step, done = pos["epoch"], pos["step"], pos["global_step"]
         result.step_losses = list(pos["step_losses"])
         result.epochs = [EpochResult(**e) for e in pos["epochs"]]

@@ -21,7 +21,6 @@ buffer, and polling a file needs no reader thread.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -33,22 +32,29 @@ import tempfile
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
+from functools import partial
 
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.text import Text
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from partrain.bench.hardware import fingerprint, git_commit
 from partrain.bench.store import Outcome, Store
 from partrain.bench.suite import Cell, Suite
 from partrain.config import RunConfig
 from partrain.data import dataset_spec
+from partrain.distributed.spawn import child_env, die_with_parent, python_command
 from partrain.errors import PartrainError
 from partrain.runner import preflight
 
 POLL_S = 0.5  # how often a running cell is checked for exit and timeout, and the bar redrawn
-_PR_SET_PDEATHSIG = 1
-_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
 _EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b.*")
 
 
@@ -121,8 +127,8 @@ def check_cell(cell: Cell, data_dir: str | None, timeout: float) -> RunConfig:
 
 
 def train_command(cfg: RunConfig) -> list[str]:
-    """``python -m partrain train`` with ``cfg``'s settings (the fields a cell sets)."""
-    cmd = [sys.executable, "-m", "partrain", "train", "--model", cfg.model, "--dataset", cfg.dataset,
+    """``python -P -m partrain train`` with ``cfg``'s settings (the fields a cell sets)."""
+    cmd = [*python_command(), "-m", "partrain", "train", "--model", cfg.model, "--dataset", cfg.dataset,
            "--strategy", cfg.strategy, "--workers", str(cfg.workers), "--batch-size", str(cfg.batch_size),
            "--lr", repr(cfg.lr), "--seed", str(cfg.seed), "--epochs", str(cfg.epochs),
            "--timeout", f"{cfg.timeout_s:g}", "--json", "--quiet"]
@@ -141,8 +147,8 @@ def train_command(cfg: RunConfig) -> list[str]:
 def run_process(cmd: list[str], timeout: float, tick: Callable[[], None]) -> tuple[str, str | None, dict | None]:
     """Run ``cmd`` in a new session; returns (status, reason, the JSON result or None)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_env(),
+                                start_new_session=True, preexec_fn=partial(die_with_parent, signal.SIGTERM))
         deadline = time.monotonic() + timeout
         try:
             while proc.poll() is None and time.monotonic() < deadline:
@@ -165,12 +171,6 @@ def run_process(cmd: list[str], timeout: float, tick: Callable[[], None]) -> tup
         return "ok", None, json.loads(stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         return "failed", f"exit status 0 but no JSON result on stdout: {stdout.strip()[-200:]!r}", None
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the runner dies (Linux; elsewhere a no-op)."""
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

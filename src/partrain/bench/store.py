@@ -123,21 +123,36 @@ class Store:
         if not create and not self.path.is_file():
             raise PartrainError(f"no results store at {self.path}: run `partrain bench` first, or pass --store PATH")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(self.path, timeout=30)
+            if create:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.db = sqlite3.connect(self.path, timeout=30)
+            else:  # only read: also a store in a folder we may not write (immutable: no -shm file needed)
+                writable = os.access(self.path.parent, os.W_OK) and os.access(self.path, os.W_OK)
+                uri = f"{self.path.resolve().as_uri()}?{'mode=ro' if writable else 'immutable=1'}"
+                self.db = sqlite3.connect(uri, uri=True, timeout=30)
             self.db.row_factory = sqlite3.Row
-            self._prepare()
+            self._check_ours()
+            if create:
+                self._prepare()
         except sqlite3.DatabaseError as err:
             raise PartrainError(f"results store {self.path} cannot be opened: {err}") from None
+        except OSError as err:
+            raise PartrainError(f"results store {self.path} cannot be created: {err.strerror}") from None
 
-    def _prepare(self) -> None:
+    def _check_ours(self) -> None:
+        """Refuse another program's database before anything is written into it."""
+        names = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if names - {"cells"}:
+            raise PartrainError(f"{self.path} is not a partrain results store (it holds tables such as "
+                                f"{sorted(names - {'cells'})[0]!r}): pass another --store")
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        tables = self.db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'cells'").fetchone()[0]
-        if tables and version != SCHEMA_VERSION:
+        if "cells" in names and version != SCHEMA_VERSION:
             raise PartrainError(
                 f"results store {self.path} has schema version {version}, this partrain uses {SCHEMA_VERSION}: "
                 "pass another --store"
             )
+
+    def _prepare(self) -> None:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a killed process
         with self.db:

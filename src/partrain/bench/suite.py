@@ -39,6 +39,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,7 +208,7 @@ _SCHEMA: dict[str, tuple[type | tuple, bool, tuple | None]] = {
     "workers": (int, True, _POSITIVE),
     "batch_sizes": (int, True, _POSITIVE),
     "microbatches": (int, True, _POSITIVE),
-    "lrs": ((int, float), True, (lambda v: v > 0, "positive")),
+    "lrs": ((int, float), True, (lambda v: math.isfinite(v) and v > 0, "a finite number > 0")),
     "repeats": (int, False, _POSITIVE),
     "warmup_steps": (int, False, (lambda v: v >= 0, "0 or more")),
     "steps": (int, False, _POSITIVE),
@@ -216,8 +217,8 @@ _SCHEMA: dict[str, tuple[type | tuple, bool, tuple | None]] = {
     "limit": (int, False, _POSITIVE),
     "eval_limit": (int, False, _POSITIVE),
     "threads": (int, False, _POSITIVE),
-    "seed": (int, False, None),
-    "timeout": ((int, float), False, (lambda v: v > 0, "positive")),
+    "seed": (int, False, (lambda v: 0 <= v < 2**32, "in 0..2**32-1")),
+    "timeout": ((int, float), False, (lambda v: math.isfinite(v) and v > 0, "a finite number > 0")),
     "data_dir": (str, False, None),
 }
 
@@ -271,17 +272,25 @@ def _check_names(source: str, fields: dict) -> None:
     for strategy in fields.get("strategies", ()):
         if strategy not in STRATEGIES:
             raise PartrainError(f"{source}: unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    for dataset in fields.get("datasets", ("mnist",)):
+        rows = min(dataset_spec(dataset).train_size, fields.get("limit") or math.inf)
+        too_big = [b for b in fields.get("batch_sizes", ()) if b > rows]
+        if too_big:
+            raise PartrainError(f"{source}: batch size {too_big[0]} exceeds the {rows} training samples of {dataset}; "
+                                "choose smaller batch_sizes")
 
 
 def load_suite(path: str | Path) -> Suite:
     """Read and validate a suite file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise PartrainError(f"suite file {path} not found; pass a TOML file, or --suite {'|'.join(BUILTIN_SUITES)}") from None
     except OSError as err:
         raise PartrainError(f"cannot read suite file {path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise PartrainError(f"suite file {path} is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

@@ -84,7 +84,7 @@ def load_dataset(name: str, split: str = "train", *, data_dir: str | os.PathLike
         images, labels = read_cifar_batches(_cifar_files(root, split))
     elif spec.name == "ocr-letters":
         path = root / "ocr_letters_cmu" / _OCR_FILES[split]
-        if not path.is_file():
+        if not _is_file(path):
             raise _missing(spec, split, [path])
         images, labels = read_ocr_csv(path, spec.num_classes)
     else:
@@ -115,6 +115,10 @@ def _read_idx_dataset(spec: DatasetSpec, root: Path, split: str) -> tuple[np.nda
     else:
         raise _missing(spec, split, [folder / f"{name}[.gz]" for names in candidates for name in names])
     images, labels = read_idx_pair(*found)
+    if tuple(images.shape[1:]) != tuple(spec.input_shape[1:]):
+        rows, cols = spec.input_shape[1:]
+        raise PartrainError(f"corrupt dataset file {found[0]}: images are {images.shape[1]}x{images.shape[2]}, "
+                            f"{spec.name} images are {rows}x{cols}; point --data-dir at the original files")
     images = images[:, None]  # add the channel axis: [n, 1, 28, 28]
     if spec.name != "emnist":
         check_labels(labels, 0, spec.num_classes - 1, found[1], "item")
@@ -126,13 +130,21 @@ def _read_idx_dataset(spec: DatasetSpec, root: Path, split: str) -> tuple[np.nda
 
 def _plain_or_gz(path: Path) -> Path | None:
     """``path`` itself (faster: no decompression) or else ``path.gz``, whichever exists."""
-    return next((p for p in (path, path.with_name(path.name + ".gz")) if p.is_file()), None)
+    return next((p for p in (path, path.with_name(path.name + ".gz")) if _is_file(p)), None)
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; a path the OS cannot even look up (too long) is not."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _cifar_files(root: Path, split: str) -> list[Path]:
     pattern = "data_batch_*.bin" if split == "train" else "test_batch*.bin"
     for folder in (root / name for name in _CIFAR_FOLDERS):
-        if files := sorted(folder.glob(pattern)):
+        if files := sorted(p for p in folder.glob(pattern) if _is_file(p)):
             return files
     raise _missing(dataset_spec("cifar10"), split, [root / name / pattern for name in _CIFAR_FOLDERS])
 

@@ -10,16 +10,25 @@ partrain runs under three kinds of launcher and reads each one's environment:
 
 Under MPI and Slurm the rendezvous address comes from ``MASTER_ADDR``/``MASTER_PORT`` when
 set, else the first host of the Slurm node list, else 127.0.0.1 (single node). Run directly
-(no launcher), partrain starts its own local workers with PyTorch's elastic launcher.
+(no launcher), partrain starts its own local workers (``distributed.spawn``): they meet in a
+``FileStore`` in a private directory, named by ``PARTRAIN_RENDEZVOUS_FILE``.
+
+Trust boundary: a local run opens no socket beyond loopback and unpickles nothing another
+user can write. A multi-node job rendezvouses through its launcher's store (torchrun's c10d
+store, ``MASTER_ADDR:MASTER_PORT``), which has no authentication: run it only on a network
+where every host that can reach that port is trusted, as PyTorch's own documentation says.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import re
+import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -36,13 +45,14 @@ DEFAULT_PORT = 29500
 class LaunchInfo:
     """This process's place in the job, as the launcher described it."""
 
-    launcher: str  # "torchrun" | "mpirun" | "slurm" | "none"
+    launcher: str  # "torchrun" | "mpirun" | "slurm" | "local" (partrain's own workers) | "none"
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = DEFAULT_PORT
+    rendezvous_file: str | None = None  # "local": the FileStore the workers meet in
 
     @property
     def launched(self) -> bool:
@@ -74,6 +84,10 @@ def detect_launcher(env: Mapping[str, str] | None = None) -> LaunchInfo:
     """Read the launcher's environment; ``launcher == "none"`` when run directly."""
     env = os.environ if env is None else env
     port = _int(env, "MASTER_PORT", default=DEFAULT_PORT)
+    if env.get("PARTRAIN_RENDEZVOUS_FILE") and "RANK" in env:  # a worker partrain started itself
+        world = _int(env, "WORLD_SIZE")
+        return LaunchInfo("local", _int(env, "RANK"), world, _int(env, "LOCAL_RANK", default=0),
+                          _int(env, "LOCAL_WORLD_SIZE", default=world), rendezvous_file=env["PARTRAIN_RENDEZVOUS_FILE"])
     if "RANK" in env and "WORLD_SIZE" in env:  # torchrun, or any env:// launcher
         world = _int(env, "WORLD_SIZE")
         return LaunchInfo(
@@ -164,7 +178,9 @@ def init_process_group(info: LaunchInfo, backend: str | None, timeout_s: float, 
 
     A world of one still gets a group when ``needed``:
     DDP, FSDP and pipelining work on one worker too, which is the 1-worker point of a
-    scaling study. Only ``serial`` runs without one.
+    scaling study. Only ``serial`` runs without one. Local workers (and a world of one run
+    directly) meet in a ``FileStore`` in a private directory; a launcher's job at its
+    ``MASTER_ADDR:MASTER_PORT``.
     """
     backend = backend or default_backend(info.local_world_size)
     if backend == "nccl":
@@ -173,13 +189,44 @@ def init_process_group(info: LaunchInfo, backend: str | None, timeout_s: float, 
         torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
     if dist.is_initialized() or not (needed or info.world_size > 1):
         return backend
-    # a world of one run directly rendezvouses with itself on a free loopback port
-    addr = f"{info.master_addr}:{info.master_port}" if info.launched else f"127.0.0.1:{free_port()}"
+    if info.launcher in ("local", "none"):
+        from partrain.distributed.spawn import local_network_env
+
+        for name, value in local_network_env().items():  # this process's own sockets on loopback
+            os.environ.setdefault(name, value)
+    if info.rendezvous_file:
+        init_method = f"file://{info.rendezvous_file}"
+    elif info.launched:
+        init_method = f"tcp://{info.master_addr}:{info.master_port}"
+    else:  # a world of one run directly meets itself in a private FileStore (leave_process_group removes it)
+        global _private_store
+        _private_store = tempfile.mkdtemp(prefix="partrain-")
+        init_method = f"file://{_private_store}/store"
     dist.init_process_group(
-        backend, init_method=f"tcp://{addr}", rank=info.rank, world_size=info.world_size,
+        backend, init_method=init_method, rank=info.rank, world_size=info.world_size,
         timeout=timedelta(seconds=timeout_s),
     )
     return backend
+
+
+_private_store: str | None = None  # the directory of a world of one's FileStore, while it lives
+
+
+def leave_process_group() -> None:
+    """Leave the process group (if any) and remove a world of one's private store.
+
+    FSDP's modules and meshes keep the group alive past ``destroy_process_group``; if they
+    are only freed at interpreter exit, a gloo thread still holding a finished all-gather
+    takes the GIL during finalization and aborts the process. Collecting them first lets
+    the group shut its threads down now.
+    """
+    global _private_store
+    if dist.is_initialized():
+        gc.collect()
+        dist.destroy_process_group()
+    if _private_store is not None:
+        shutil.rmtree(_private_store, ignore_errors=True)
+        _private_store = None
 
 
 def device_for(backend: str, info: LaunchInfo) -> torch.device:

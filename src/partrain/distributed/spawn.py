@@ -1,23 +1,48 @@
-"""Starting local workers when no launcher did: PyTorch's elastic launcher, in-process.
+"""Starting local workers when no launcher did: ``torch.multiprocessing``, a private rendezvous.
 
-``torchrun`` is a thin shell around ``elastic_launch``; calling it directly gives the
-same worker environment (RANK, LOCAL_RANK, ...), a c10d rendezvous on a free port of
-127.0.0.1, and the same failure handling: when one worker dies, the agent stops the
-others and reports which rank failed, so a dead peer never leaves the rest hanging.
+Run directly with ``--workers N``, partrain starts N worker processes on this machine with
+``torch.multiprocessing`` (the ``spawn`` start method: fresh interpreters, no inherited
+threads). They find each other through a ``FileStore`` in a private directory (mode 0700,
+removed afterwards), not a TCP store: a TCP store listens on every interface, has no
+authentication, and PyTorch's elastic agent unpickles what is in it, so any process that can
+reach the port can run code as the training user. Gloo (or NCCL) binds its own connections to
+the loopback interface. A local run therefore opens no socket reachable from outside the
+machine and reads nothing another user can write.
+
+Failure handling, as the elastic agent gave it and more:
+
+- a worker that raises or dies ends the run: the others are stopped, and the error names
+  the rank (a ``PartrainError`` found by a worker comes back as that one line);
+- a worker stopped by a signal (SIGSTOP) while its peers time out waiting for it is the
+  rank named, not the peer whose collective timed out;
+- workers die with the launcher (``PR_SET_PDEATHSIG``), so a ``kill -9`` of ``partrain``
+  orphans nothing; Ctrl-C reaches the launcher alone, which stops the workers;
+- nothing is left in ``$TMPDIR``.
 """
 
 from __future__ import annotations
 
-import logging
+import ctypes
+import json
 import os
-import uuid
+import pickle
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+import torch.multiprocessing as mp
 
-from partrain.distributed.launch import free_port
 from partrain.errors import PartrainError
+
+RENDEZVOUS_ENV = "PARTRAIN_RENDEZVOUS_FILE"  # a worker started here reads its FileStore path from it
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
 
 class WorkerFailed(PartrainError):
     """A worker process died or raised; names the rank."""
@@ -25,35 +50,156 @@ class WorkerFailed(PartrainError):
     exit_status = 1
 
 
-def spawn(entrypoint: Callable, args: tuple, nprocs: int, monitor_interval: float = 0.1) -> dict[int, object]:
+def private_dir(prefix: str = "partrain-") -> Path:
+    """A fresh directory only this user can enter (``mkdtemp`` makes it 0700)."""
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def loopback_interface() -> str:
+    """The name of the loopback interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    names = [name for _, name in socket.if_nameindex()]
+    return next((n for n in names if n.startswith("lo")), "lo")
+
+
+def local_network_env() -> dict[str, str]:
+    """Environment that binds a local job's gloo and NCCL sockets to loopback (the user's
+    own settings win)."""
+    lo = loopback_interface()
+    return {name: os.environ.get(name, lo) for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+
+
+try:  # looked up once, here: a child between fork and exec may call it without loading anything
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux; elsewhere a
+    no-op, and the parent's own clean-up is what remains)."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a Python child: this process's import path made explicit (a user's
+    model package stays importable) and nothing implicit added to it (see ``python_command``)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "PYTHONSAFEPATH": "1"}
+
+
+def python_command() -> list[str]:
+    """This interpreter, with the working directory kept off the import path (``-P``): a child
+    started as ``python -m partrain`` or ``python -c ...`` in a directory holding a ``numpy.py``
+    would otherwise import that file instead of NumPy."""
+    return [sys.executable, "-P"]
+
+
+def _worker(index: int, entrypoint: Callable, args: tuple, nprocs: int, run_dir: str, parent_pid: int) -> None:
+    """One worker: set its place in the job, run ``entrypoint``, leave the result or the error in ``run_dir``."""
+    die_with_parent(signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the launcher died before that took effect
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
+    os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs))
+    os.environ[RENDEZVOUS_ENV] = os.path.join(run_dir, "store")
+    out = Path(run_dir)
+    try:
+        result = entrypoint(*args)
+    except PartrainError as err:  # bad input found by a worker: one line, exit status 2
+        (out / f"error{index}.json").write_text(json.dumps({"user": True, "message": str(err)}))
+        sys.exit(2)
+    except BaseException as err:  # a crash keeps its traceback, on this worker's stderr
+        print(f"partrain: worker rank {index} crashed:\n{traceback.format_exc()}", file=sys.stderr)
+        last = (traceback.format_exception_only(type(err), err) or [type(err).__name__])[-1].strip()
+        (out / f"error{index}.json").write_text(json.dumps({"user": False, "message": last}))
+        sys.exit(1)
+    tmp = out / f"result{index}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(result, f)  # read back only by our launcher, from a directory only we can enter
+    tmp.rename(out / f"result{index}.pkl")
+
+
+def _state(pid: int) -> str:
+    """The kernel's one-letter process state ('T' = stopped), '' if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def spawn(entrypoint: Callable, args: tuple, nprocs: int, poll_s: float = 0.1) -> dict[int, object]:
     """Run ``entrypoint(*args)`` in ``nprocs`` local workers; returns {rank: return value}.
 
-    ``entrypoint`` must be a module-level function (workers are spawned, so it is pickled),
-    decorated with ``torch.distributed.elastic.multiprocessing.errors.record`` so that a
-    worker's exception reaches the error report.
+    ``entrypoint`` must be a module-level function (workers are spawned, so it is pickled).
+    In a worker, ``distributed.launch.detect_launcher`` reads the worker's rank and its
+    rendezvous file from the environment.
     """
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nprocs,
-        run_id=f"partrain-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{free_port()}",
-        max_restarts=0,
-        monitor_interval=monitor_interval,
-        start_method="spawn",
-    )
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"):
-        # the agent logs every failure at length; workers print their own traceback instead
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # workers set their own count at start
+    run_dir = private_dir()
+    saved = {k: os.environ.get(k) for k in ("PYTHONSAFEPATH", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+    # children inherit the environment when they start: the working directory stays off their
+    # import path (a planted numpy.py there never runs); workers set their own thread count
+    os.environ.update(PYTHONSAFEPATH="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **local_network_env())
+    context = None
     try:
-        return elastic_launch(config, entrypoint=entrypoint)(*args)
-    except ChildFailedError as err:
-        rank, failure = err.get_first_failure()
-        message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
-        message = message.strip()
-        if message.startswith(f"{PartrainError.__name__}: "):  # bad input, found by a worker
-            raise PartrainError(message.removeprefix(f"{PartrainError.__name__}: ")) from None
-        reason = (message or f"exit code {failure.exitcode}").splitlines()[-1][:300]
-        raise WorkerFailed(f"worker rank {rank} failed ({reason}); the other workers were stopped") from None
+        context = mp.start_processes(
+            _worker, args=(entrypoint, args, nprocs, str(run_dir), os.getpid()), nprocs=nprocs,
+            join=False, start_method="spawn",
+        )
+        _restore(saved)
+        pids = [p.pid for p in context.processes]
+        while True:
+            codes = [p.exitcode for p in context.processes]
+            if all(code == 0 for code in codes):
+                break
+            failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+            if failed:
+                stopped = [rank for rank, pid in enumerate(pids) if _state(pid) == "T"]
+                raise _failure(run_dir, failed[0], codes[failed[0]], stopped)
+            time.sleep(poll_s)
+        results = {}
+        for rank in range(nprocs):
+            with open(run_dir / f"result{rank}.pkl", "rb") as f:
+                results[rank] = pickle.load(f)
+        return results
+    finally:
+        _restore(saved)
+        if context is not None:
+            _stop(context.processes)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _restore(saved: dict[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _stop(processes) -> None:
+    """Stop every worker still running: SIGKILL (a stopped process ignores SIGTERM until continued)."""
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+    for p in processes:
+        p.join(timeout=10)
+
+
+def _failure(run_dir: Path, rank: int, code: int, stopped: list[int]) -> PartrainError:
+    """The error that names who failed: a frozen peer first, then the worker's own report."""
+    if stopped:
+        return WorkerFailed(
+            f"worker rank {stopped[0]} stopped responding (the process is stopped, e.g. by SIGSTOP), "
+            f"so rank {rank} gave up waiting for it; the other workers were stopped"
+        )
+    report = run_dir / f"error{rank}.json"
+    if report.exists():
+        error = json.loads(report.read_text())
+        if error["user"]:
+            return PartrainError(error["message"])
+        reason = error["message"][:300]
+    elif code < 0:
+        reason = f"killed by {signal.Signals(-code).name}"
+    else:
+        reason = f"exit code {code}"
+    return WorkerFailed(f"worker rank {rank} failed ({reason}); the other workers were stopped")

@@ -88,7 +88,7 @@ def _call(
     """Call ``factory`` with the keywords it accepts; an option it does not accept is an error."""
     params = inspect.signature(factory).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return factory(input_shape=input_shape, num_classes=num_classes, **options)
+        return _guarded(name, factory, input_shape=input_shape, num_classes=num_classes, **options)
     unknown = [key for key in options if key not in params]
     if unknown:
         accepted = [key for key in params if key not in ("input_shape", "num_classes")]
@@ -97,7 +97,22 @@ def _call(
             f"its options are: {', '.join(accepted) or 'none'}"
         )
     given = {"input_shape": input_shape, "num_classes": num_classes}
-    return factory(**{key: value for key, value in given.items() if key in params}, **options)
+    return _guarded(name, factory, **{key: value for key, value in given.items() if key in params}, **options)
+
+
+def _guarded(name: str, factory: Callable, **kwargs):
+    """Call a factory; what goes wrong inside the user's code is one line naming the factory
+    (its traceback with ``--debug``), not a traceback from deep inside partrain."""
+    if name in _ZOO:
+        return factory(**kwargs)
+    try:
+        return factory(**kwargs)
+    except SystemExit as err:
+        raise PartrainError(f"model {name!r}: the factory called sys.exit({err.code!r}); "
+                            "return the model instead of exiting") from err
+    except Exception as err:  # noqa: BLE001 - anything the user's code raises
+        raise PartrainError(f"model {name!r}: the factory raised {type(err).__name__}: {err} "
+                            "(--debug shows its traceback)") from err
 
 
 def _build_user_model(

@@ -19,6 +19,7 @@ hardware fingerprint so a profile taken on other hardware is never reused by mis
 from __future__ import annotations
 
 import json
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -41,8 +42,10 @@ DEFAULT_PROFILE_DIR = Path("~/.partrain/profiles")
 
 def profile_dir(path: str | os.PathLike | None = None) -> Path:
     """Where profiles are cached: ``path``, else $PARTRAIN_PROFILE_DIR, else ~/.partrain/profiles."""
-    chosen = path if path is not None else os.environ.get(PROFILE_DIR_ENV) or DEFAULT_PROFILE_DIR
-    return Path(chosen).expanduser().absolute()
+    chosen = Path(path if path is not None else os.environ.get(PROFILE_DIR_ENV) or DEFAULT_PROFILE_DIR).expanduser()
+    if chosen.exists() and not chosen.is_dir():  # found now, not after minutes of profiling
+        raise PartrainError(f"--profile-dir {chosen}: a file is in the way; give a directory")
+    return chosen.absolute()
 
 
 def fingerprint() -> str:
@@ -152,18 +155,30 @@ def hardware_path(directory: Path, workers: int) -> Path:
 _GB = 1e9
 
 
-def _number(table: dict, key: str, where: str, default=None, positive=True) -> float:
+# the keys each table of a cluster file takes; anything else is a typo, refused by name
+_CLUSTER_KEYS = {
+    "cluster": {"name", "nodes", "workers_per_node", "device_memory_gb", "shared_memory", "compute_speed",
+                "cores_per_node", "backend"},
+    "intra": {"bandwidth_gb_per_s", "latency_us"},
+    "inter": {"bandwidth_gb_per_s", "latency_us"},
+}
+_BACKENDS = ("gloo", "nccl")
+
+
+def _number(table: dict, key: str, where: str, default=None, positive=True, integer=False) -> float:
     value = table.get(key, default)
     if value is None:
         raise PartrainError(f"{where}: missing {key} (see examples/cluster.toml)")
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or (positive and value <= 0):
-        raise PartrainError(f"{where}: {key} must be a positive number, got {value!r}")
+    kind = "a whole number" if integer else "a finite number"
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
+    if isinstance(value, bool) or not ok or (value <= 0 if positive else value < 0):
+        raise PartrainError(f"{where}: {key} must be {kind} {'> 0' if positive else '>= 0'}, got {value!r}")
     return float(value)
 
 
 def _link(table: dict | None, tier: str, path: str) -> CostFit:
     where = f"{path} [{tier}]"
-    if table is None:
+    if not isinstance(table, dict):
         raise PartrainError(f"{where}: missing table (bandwidth_gb_per_s, latency_us); see examples/cluster.toml")
     bandwidth = _number(table, "bandwidth_gb_per_s", where) * _GB
     latency = _number(table, "latency_us", where, positive=False) * 1e-6
@@ -174,17 +189,27 @@ def load_cluster(path: str | os.PathLike) -> HardwareProfile:
     """A ``HardwareProfile`` from a cluster TOML file (see ``examples/cluster.toml``)."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise PartrainError(f"cluster file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise PartrainError(f"cannot read cluster file {path} as UTF-8 text: {err}") from None
     except tomllib.TOMLDecodeError as err:
         raise PartrainError(f"cluster file {path} is not valid TOML: {err}") from None
     cluster = data.get("cluster")
     if not isinstance(cluster, dict):
         raise PartrainError(f"{path}: missing [cluster] table; see examples/cluster.toml")
+    for table in sorted(set(data) - set(_CLUSTER_KEYS)):
+        raise PartrainError(f"{path}: unknown table [{table}]; the tables are {', '.join(_CLUSTER_KEYS)}")
+    for table, keys in _CLUSTER_KEYS.items():
+        unknown = sorted(set(data.get(table, {})) - keys) if isinstance(data.get(table), dict) else []
+        if unknown:
+            raise PartrainError(f"{path} [{table}]: unknown key {unknown[0]!r}; the keys are {', '.join(sorted(keys))}")
     where = f"{path} [cluster]"
-    nodes = int(_number(cluster, "nodes", where))
-    per_node = int(_number(cluster, "workers_per_node", where))
+    nodes = int(_number(cluster, "nodes", where, integer=True))
+    per_node = int(_number(cluster, "workers_per_node", where, integer=True))
+    if cluster.get("backend", "nccl") not in _BACKENDS:
+        raise PartrainError(f"{where}: backend must be one of {', '.join(_BACKENDS)}, got {cluster['backend']!r}")
     links = {"intra": _link(data.get("intra"), "intra", str(path))}
     if nodes > 1:
         links["inter"] = _link(data.get("inter"), "inter", str(path))
@@ -195,7 +220,7 @@ def load_cluster(path: str | os.PathLike) -> HardwareProfile:
         backend=backend,
         nodes=nodes,
         workers_per_node=per_node,
-        cores_per_node=int(_number(cluster, "cores_per_node", where, default=10**6)),
+        cores_per_node=int(_number(cluster, "cores_per_node", where, default=10**6, integer=True)),
         device_memory_bytes=int(_number(cluster, "device_memory_gb", where) * _GB),
         shared_memory=bool(cluster.get("shared_memory", backend == "gloo")),
         compute_speed=_number(cluster, "compute_speed", where, default=1.0),
@@ -235,7 +260,9 @@ def _tier_plans(world: int, local: int) -> list[tuple[str, int, list[list[int]],
 @record
 def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict | None:
     """One worker of ``profile --hardware``; rank 0 returns the measurements."""
-    from partrain.distributed.launch import detect_launcher, device_for, init_process_group, keep_freed_memory
+    from partrain.distributed.launch import (
+        detect_launcher, device_for, init_process_group, keep_freed_memory, leave_process_group,
+    )
 
     keep_freed_memory()  # as a training worker does
     info = detect_launcher()
@@ -265,7 +292,7 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
             out["tiers"].setdefault(tier, {})[k] = points
             out["notes"] += [n for n in notes if n not in out["notes"]]
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
     return out if info.rank == 0 else None
 
 

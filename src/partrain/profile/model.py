@@ -23,7 +23,6 @@ half as many steps of the bare model against the same model inside a hybrid's re
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import re
@@ -36,13 +35,18 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from partrain.data import load_dataset
-from partrain.distributed.launch import LaunchInfo, init_process_group, keep_freed_memory
+from partrain.distributed.launch import (
+    LaunchInfo,
+    init_process_group,
+    keep_freed_memory,
+    leave_process_group,
+)
+from partrain.distributed.spawn import child_env, python_command
 from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
 from partrain.profile.hardware import JsonProfile, fingerprint, profile_dir
@@ -370,8 +374,7 @@ def _time_replica_wrapper(args: dict, x: torch.Tensor, y: torch.Tensor, steps: i
         # the wrapped module holds the mesh, which holds the group: free them before the group
         # goes (see train.train_worker)
         net = mesh = None
-        gc.collect()
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def _loop_step_s(net: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> float:
@@ -396,9 +399,8 @@ def measure_memory(model: str, dataset: str, input_shape, num_classes: int, batc
     args = {"model": model, "dataset": dataset, "input_shape": list(input_shape), "num_classes": num_classes,
             "batch_sizes": batch_sizes, "threads": threads, "data_dir": None if data_dir is None else str(data_dir),
             "synthetic": synthetic, "options": options, "world_of_one_steps": world_of_one_steps}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # user factories stay importable
-    proc = subprocess.run([sys.executable, "-c", "from partrain.profile.model import baseline_probe; baseline_probe()",
-                           json.dumps(args)], capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run([*python_command(), "-c", "from partrain.profile.model import baseline_probe; baseline_probe()",
+                           json.dumps(args)], capture_output=True, text=True, env=child_env(), timeout=600)
     if proc.returncode != 0:
         raise PartrainError(f"measuring the baseline memory failed: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

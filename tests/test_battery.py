@@ -1,0 +1,133 @@
+"""The bad-input battery (issue 19, item 7): every case exit status 2, one line naming the
+problem, no traceback, and nothing written: no store, no profile, no model file."""
+
+from __future__ import annotations
+
+import gzip
+import sqlite3
+import struct
+from pathlib import Path
+
+import pytest
+
+from partrain.cli import main
+
+TRAIN = ["train", "--steps", "1", "--limit", "128", "--eval-limit", "16", "--quiet"]
+CLUSTER = """[cluster]
+nodes = 2
+workers_per_node = 1
+device_memory_gb = 4
+compute_speed = 1.0
+backend = "gloo"
+[intra]
+bandwidth_gb_per_s = 10
+latency_us = 5
+[inter]
+bandwidth_gb_per_s = 1
+latency_us = 50
+"""
+SUITE = 'models = ["mlp"]\ndatasets = ["mnist"]\nstrategies = ["serial"]\nworkers = [1]\nsteps = 1\n'
+
+
+def _files(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()}
+
+
+def _idx_pair(folder: Path, prefix: str, rows: int, cols: int, count: int = 4) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    with gzip.open(folder / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
+        f.write(struct.pack(">IIII", 2051, count, rows, cols) + bytes(count * rows * cols))
+    with gzip.open(folder / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
+        f.write(struct.pack(">II", 2049, count) + bytes(count))
+
+
+# (id, argv with {tmp} and {data} to fill, files to create first {name: text}, words the line must hold)
+CASES = [
+    ("lr-nan", [*TRAIN, "--lr", "nan"], {}, ["--lr"]),
+    ("lr-inf", [*TRAIN, "--lr", "inf"], {}, ["--lr"]),
+    ("lr-zero", [*TRAIN, "--lr", "0"], {}, ["--lr"]),
+    ("weight-decay-nan", [*TRAIN, "--weight-decay", "nan"], {}, ["--weight-decay"]),
+    ("weight-decay-negative", [*TRAIN, "--weight-decay", "-1"], {}, ["--weight-decay"]),
+    ("momentum-above-1", [*TRAIN, "--momentum", "1.5"], {}, ["--momentum"]),
+    ("bucket-mb-nan", [*TRAIN, "--strategy", "ddp", "--bucket-mb", "nan"], {}, ["--bucket-mb"]),
+    ("timeout-negative", [*TRAIN, "--strategy", "ddp", "--timeout", "-5"], {}, ["--timeout"]),
+    ("timeout-nan", [*TRAIN, "--timeout", "nan"], {}, ["--timeout"]),
+    ("seed-huge", [*TRAIN, "--seed", str(10**30)], {}, ["--seed"]),
+    ("seed-negative", [*TRAIN, "--seed", "-1"], {}, ["--seed"]),
+    ("threads-zero", [*TRAIN, "--threads", "0"], {}, ["--threads"]),
+    ("threads-huge", [*TRAIN, "--threads", "100000"], {}, ["--threads"]),
+    ("workers-huge", [*TRAIN, "--strategy", "ddp", "--workers", "1000", "--batch-size", "64000"], {}, ["--workers"]),
+    ("workers-zero", [*TRAIN, "--strategy", "ddp", "--workers", "0"], {}, ["--workers"]),
+    ("batch-zero", [*TRAIN, "--batch-size", "0"], {}, ["--batch-size"]),
+    ("epochs-negative", [*TRAIN, "--epochs", "-2"], {}, ["--epochs"]),
+    ("average-every-zero", [*TRAIN, "--strategy", "local-sgd", "--average-every", "0"], {}, ["--average-every"]),
+    ("split-points-beyond", [*TRAIN, "--strategy", "gpipe", "--workers", "2", "--split-points", "99"], {}, ["split"]),
+    ("microbatches-fewer-than-stages", [*TRAIN, "--strategy", "gpipe", "--workers", "2", "--microbatches", "1"], {}, ["micro-batches"]),
+    ("unknown-strategy", [*TRAIN, "--strategy", "warp"], {}, ["warp"]),
+    ("save-model-is-a-folder", [*TRAIN, "--save-model", "{tmp}"], {}, ["--save-model"]),
+    ("save-model-missing-parent", [*TRAIN, "--save-model", "{tmp}/no/such/m.pt"], {}, ["--save-model"]),
+    ("checkpoint-is-a-file", [*TRAIN, "--checkpoint", "{tmp}/f.txt"], {"f.txt": "x"}, ["--checkpoint"]),
+    ("events-is-a-file", [*TRAIN, "--events", "{tmp}/f.txt"], {"f.txt": "x"}, ["--events"]),
+    ("data-dir-5000-chars", ["train", "--data-dir", "x" * 5000, "--steps", "1"], {}, ["data"]),
+    ("factory-raises", [*TRAIN, "--model", "tests.userfactory:raises"], {}, ["raised ValueError", "width must be even"]),
+    ("factory-exits", [*TRAIN, "--model", "tests.userfactory:exits"], {}, ["sys.exit(3)"]),
+    ("factory-wrong-output", [*TRAIN, "--model", "tests.userfactory:wrong_output"], {}, ["7", "10 classes"]),
+    ("factory-bad-shapes", [*TRAIN, "--model", "tests.userfactory:bad_shapes"], {}, ["block 2", "(2, 32)"]),
+    ("resume-missing", [*TRAIN, "--resume", "{tmp}/none"], {}, ["--resume"]),
+    ("resume-corrupt-meta", [*TRAIN, "--resume", "{tmp}/ck"], {"ck/LATEST": "step-000001", "ck/step-000001/meta.json": "{not json"}, ["meta.json"]),
+    ("predict-workers-zero", ["predict", "--workers", "0", "--profile-dir", "{tmp}/p"], {}, ["--workers"]),
+    ("recommend-workers-zero", ["recommend", "--workers", "0", "--profile-dir", "{tmp}/p"], {}, ["--workers"]),
+    ("profile-max-mb-negative", ["profile", "--hardware", "--max-mb", "-1", "--profile-dir", "{tmp}/p"], {}, ["--max-mb"]),
+    ("profile-dir-is-a-file", ["profile", "--profile-dir", "{tmp}/f.txt"], {"f.txt": "x"}, ["--profile-dir"]),
+    ("cluster-nan", ["predict", "--cluster", "{tmp}/c.toml", "--profile-dir", "{tmp}/p"], {"c.toml": CLUSTER.replace("compute_speed = 1.0", "compute_speed = nan")}, ["compute_speed"]),
+    ("cluster-negative-latency", ["predict", "--cluster", "{tmp}/c.toml", "--profile-dir", "{tmp}/p"], {"c.toml": CLUSTER.replace("latency_us = 5", "latency_us = -5")}, ["latency_us"]),
+    ("cluster-inf-bandwidth", ["predict", "--cluster", "{tmp}/c.toml", "--profile-dir", "{tmp}/p"], {"c.toml": CLUSTER.replace("bandwidth_gb_per_s = 1\n", "bandwidth_gb_per_s = inf\n")}, ["bandwidth_gb_per_s"]),
+    ("cluster-fractional-nodes", ["predict", "--cluster", "{tmp}/c.toml", "--profile-dir", "{tmp}/p"], {"c.toml": CLUSTER.replace("nodes = 2", "nodes = 0.5")}, ["nodes"]),
+    ("cluster-unknown-backend", ["predict", "--cluster", "{tmp}/c.toml", "--profile-dir", "{tmp}/p"], {"c.toml": CLUSTER.replace('"gloo"', '"mpi9"')}, ["backend"]),
+    ("cluster-misspelled-key", ["predict", "--cluster", "{tmp}/c.toml", "--profile-dir", "{tmp}/p"], {"c.toml": CLUSTER.replace("compute_speed", "compute_sped")}, ["compute_sped"]),
+    ("scale-unknown-strategy", ["scale", "strong", "--strategies", "ddp,warp", "--store", "{tmp}/s.sqlite"], {}, ["warp"]),
+    ("suite-infinite-lr", ["bench", "{tmp}/s.toml", "--store", "{tmp}/s.sqlite"], {"s.toml": SUITE + "lrs = [inf]\n"}, ["lrs"]),
+    ("suite-huge-batch", ["bench", "{tmp}/s.toml", "--store", "{tmp}/s.sqlite"], {"s.toml": SUITE + "batch_sizes = [1000000000000]\n"}, ["batch"]),
+    ("suite-not-utf8", ["bench", "{tmp}/s.toml", "--store", "{tmp}/s.sqlite"], {"s.toml": b"name = \"\xff\xfe\"\n"}, ["UTF-8"]),
+    ("store-of-another-program", ["results", "--store", "{tmp}/other.sqlite"], {"other.sqlite": "SQLITE:other"}, ["not a partrain results store"]),
+    ("idx-wrong-image-size", ["train", "--data-dir", "{tmp}/d", "--steps", "1"], {"IDX": (14, 56)}, ["14x56", "28x28"]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, data_dir, tmp_path, monkeypatch, capsys):
+    _, argv, files, words = case
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))  # the default store and profile directory live here
+    monkeypatch.setenv("PARTRAIN_DATA_DIR", str(data_dir))
+    monkeypatch.chdir(tmp_path)
+    for name, text in files.items():
+        if name == "IDX":
+            for prefix in ("train", "t10k"):
+                _idx_pair(tmp_path / "d" / "mnist", prefix, *text)
+            continue
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if text == "SQLITE:other":
+            with sqlite3.connect(path) as db:
+                db.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
+        elif isinstance(text, bytes):
+            path.write_bytes(text)
+        else:
+            path.write_text(text)
+    before = {p: p.stat().st_mtime_ns for p in _files(tmp_path)}
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    try:
+        status = main(argv)
+    except SystemExit as exit_:  # argparse's own refusals (exit 2, usage and one error line)
+        status = exit_.code
+    err = capsys.readouterr().err.strip()
+    assert status == 2, err
+    assert "Traceback" not in err
+    line = err.splitlines()[-1]
+    assert line.startswith("partrain: error:") or line.startswith("partrain "), err  # ours, or argparse's usage error
+    for word in words:
+        assert word in line, line
+    after = {p: p.stat().st_mtime_ns for p in _files(tmp_path)}
+    assert after == before, f"written: {sorted(set(after) - set(before))}"

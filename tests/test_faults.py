@@ -1,0 +1,149 @@
+"""Faults end cleanly (issue 19, items 2 and 4): a kill while checkpoints are written leaves a
+set that resumes exactly; the launcher's death takes its workers with it; Ctrl-C and SIGTERM
+print one line and exit 130; a stopped worker is the rank named."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+
+PARTRAIN = str(Path(sys.executable).with_name("partrain"))
+DDP = ["train", "--model", "mlp", "--strategy", "ddp", "--workers", "2", "--threads", "1", "--limit", "640",
+       "--batch-size", "64", "--eval-limit", "64", "--timeout", "20", "--quiet"]
+
+
+def _start(args: list[str], data_dir: Path, tmp_path: Path) -> subprocess.Popen:
+    """A ``partrain`` command in a session of its own (as a terminal's job), its temp dir private."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
+    env = {**os.environ, "PARTRAIN_DATA_DIR": str(data_dir), "TMPDIR": str(scratch)}
+    return subprocess.Popen([PARTRAIN, *args], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+            except (OSError, IndexError):
+                pass
+    return out
+
+
+def _workers(launcher: int, n: int, timeout: float = 120) -> list[int]:
+    """The launcher's worker processes, once all ``n`` have started their training loop."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = [k for k in _children(launcher) if "multiprocessing" in Path(f"/proc/{k}/cmdline").read_text(errors="ignore")
+                and "resource_tracker" not in Path(f"/proc/{k}/cmdline").read_text(errors="ignore")]
+        if len(kids) >= n:
+            return kids
+        time.sleep(0.05)
+    raise AssertionError("the workers never started")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _json_run(args, data_dir, tmp_path) -> dict:
+    proc = _start([*args, "--json"], data_dir, tmp_path)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return json.loads(out)
+
+
+def test_a_kill_while_checkpointing_leaves_a_set_that_resumes_exactly(data_dir, tmp_path):
+    """SIGKILL the whole job at several moments of a run that checkpoints every epoch; each
+    resume must finish with the per-step losses of the run that was never stopped."""
+    run = [*DDP, "--epochs", "6"]
+    straight = _json_run(run, data_dir, tmp_path)["step_losses"]
+    for delay in (2.0, 3.5, 5.0):
+        ckpt = tmp_path / f"ckpt{delay}"
+        proc = _start([*run, "--checkpoint", str(ckpt)], data_dir, tmp_path)
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGKILL)  # launcher and workers at once, wherever they are
+        proc.wait()
+        if not (ckpt / "LATEST").exists():
+            continue  # killed before the first set was whole: nothing to resume, nothing torn
+        resumed = _json_run([*run, "--resume", str(ckpt), "--checkpoint", str(ckpt)], data_dir, tmp_path)
+        assert resumed["step_losses"] == straight
+
+
+def test_resume_refuses_an_incomplete_set_before_any_worker_starts(data_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _json_run([*DDP, "--steps", "10", "--checkpoint", str(ckpt)], data_dir, tmp_path)
+    newest = ckpt / (ckpt / "LATEST").read_text()
+    (newest / "rank1.pt").unlink()
+    proc = _start([*DDP, "--resume", str(ckpt)], data_dir, tmp_path)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert err.strip() == f"partrain: error: checkpoint {newest} lacks rank 1's file: the set is incomplete; " \
+                          "resume from another checkpoint or start afresh"
+
+
+def test_resume_applies_a_new_learning_rate_and_says_so(data_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _json_run([*DDP, "--steps", "10", "--checkpoint", str(ckpt)], data_dir, tmp_path)
+    same = _json_run([*DDP, "--epochs", "2", "--resume", str(ckpt)], data_dir, tmp_path)["step_losses"]
+    proc = _start([*DDP, "--epochs", "2", "--resume", str(ckpt), "--lr", "0.05", "--json"], data_dir, tmp_path)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "resuming with lr 0.01 -> 0.05" in err
+    faster = json.loads(out)["step_losses"]
+    assert faster[:10] == same[:10] and faster[10:] != same[10:]
+
+
+def test_the_launchers_death_takes_its_workers_with_it(data_dir, tmp_path):
+    proc = _start([*DDP, "--epochs", "200"], data_dir, tmp_path)
+    workers = _workers(proc.pid, 2)
+    os.kill(proc.pid, signal.SIGKILL)  # the launcher alone
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(w) for w in workers)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_a_two_worker_run_is_one_line_and_status_130(sig, data_dir, tmp_path):
+    proc = _start([*DDP, "--epochs", "200"], data_dir, tmp_path)
+    workers = _workers(proc.pid, 2)
+    time.sleep(1.0)
+    os.killpg(proc.pid, sig) if sig == signal.SIGINT else os.kill(proc.pid, sig)  # Ctrl-C reaches the whole job
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err.strip() == "partrain: interrupted"
+    time.sleep(0.5)
+    assert not any(_alive(w) for w in workers)
+    assert not [p for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]
+
+
+def test_a_stopped_worker_is_the_rank_named(data_dir, tmp_path):
+    proc = _start([*DDP, "--epochs", "200", "--timeout", "5"], data_dir, tmp_path)
+    workers = sorted(_workers(proc.pid, 2))  # spawned in rank order, so pids ascend with rank
+    time.sleep(1.5)
+    os.kill(workers[1], signal.SIGSTOP)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        for w in workers:
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)
+    assert proc.returncode == 1
+    assert err.strip().splitlines()[-1].startswith("partrain: error: worker rank 1 stopped responding")
