@@ -108,11 +108,13 @@ def run(args) -> int:
     if args.plan:
         return _plan(args, settings)
     from partrain.runner import preflight
-    from partrain.sweep.study import counts, open_study, reclaim_interrupted, run_slot, slot_main
+    from partrain.sweep.study import counts, enqueue_grid, open_study, reclaim_interrupted, run_slot, slot_main
 
     preflight(settings.base)  # missing data or an unknown model: one line, before any trial starts
     study = open_study(settings, create=True)
     reclaimed = reclaim_interrupted(study, failed_too=True)
+    if settings.sampler == "grid":
+        enqueue_grid(study, settings)
     done, _ = counts(study)
     settings.trials_before = len(study.trials)
     slots = args.workers // args.per_trial

@@ -78,9 +78,8 @@ def _storage(url: str):
 def sampler_for(settings: SweepSettings):
     import optuna
 
-    if settings.sampler == "grid":
-        return optuna.samplers.GridSampler({d.name: d.grid(settings.grid_points) for d in settings.dims},
-                                           seed=settings.sampler_seed)
+    if settings.sampler == "grid":  # the points are queued in the study (enqueue_grid); this draws none
+        return optuna.samplers.RandomSampler(seed=settings.sampler_seed)
     if settings.sampler == "random":
         return optuna.samplers.RandomSampler(seed=settings.sampler_seed)
     if settings.sampler == "tpe":
@@ -127,6 +126,34 @@ def _check_same_sweep(study, settings: SweepSettings) -> None:
                             "resume it with the same --space, --model and --dataset, or name a new --study")
 
 
+def grid_points(settings: SweepSettings) -> list[dict]:
+    """Every point of the grid, in an order shuffled by --seed (so N < all visits a random subset)."""
+    import itertools
+    import random
+
+    names = [d.name for d in settings.dims]
+    points = [dict(zip(names, values)) for values in itertools.product(*(d.grid(settings.grid_points) for d in settings.dims))]
+    random.Random(settings.seed).shuffle(points)
+    return points
+
+
+def enqueue_grid(study, settings: SweepSettings) -> int:
+    """Queue the grid points the study has not got yet as WAITING trials. A slot's ``ask``
+    takes a waiting trial atomically, so slots side by side never draw the same point
+    (Optuna's GridSampler can, when two ask at once). Returns how many were queued."""
+    from optuna.trial import TrialState
+
+    def key(params: dict) -> tuple:
+        return tuple(sorted(params.items()))
+
+    have = {key(t.system_attrs.get("fixed_params") or t.params) for t in study.get_trials(deepcopy=False)
+            if t.state != TrialState.FAIL or "error" in t.user_attrs}
+    todo = [p for p in grid_points(settings) if key(p) not in have]
+    for point in todo:
+        study.enqueue_trial(point, skip_if_exists=False)
+    return len(todo)
+
+
 # ---- counting and reclaiming ------------------------------------------------------------------
 
 
@@ -165,7 +192,9 @@ def reclaim_interrupted(study, failed_too: bool = False) -> int:
     from optuna.trial import TrialState
 
     storage, host, n = study._storage, socket.gethostname(), 0
-    retry = RetryHeartbeatStaleTrialCallback()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retry = RetryHeartbeatStaleTrialCallback()
     trials = study.get_trials(deepcopy=False)
     for t in trials:
         if t.state == TrialState.RUNNING and t.user_attrs.get("host") == host and "pid" in t.user_attrs \
@@ -237,11 +266,13 @@ def objective(settings: SweepSettings, study):
     def run(trial) -> float:
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("pid", os.getpid())
+        params = {d.name: d.suggest(trial) for d in settings.dims}
         if _is_surplus(study, trial.number, settings.trials):
             trial.set_user_attr("surplus", True)
+            if settings.sampler == "grid":
+                study.enqueue_trial(params)  # the point goes back in the queue, not lost
             study.stop()
             raise Surplus()
-        params = {d.name: d.suggest(trial) for d in settings.dims}
         try:
             cfg = trial_config(settings.base, params)
             start = time.perf_counter()
