@@ -282,6 +282,7 @@ def objective(settings: SweepSettings, study):
             raise TrialError(str(err)) from None
         trial.set_user_attr("seconds", time.perf_counter() - start)
         trial.set_user_attr("steps", len(result.step_losses))
+        trial.set_user_attr("seconds_per_step", result.summary()["seconds_per_step"])  # median, rank 0
         if result.stopped_early:
             raise optuna.TrialPruned()
         return result.test_accuracy if result.test_accuracy is not None else -result.step_losses[-1]
