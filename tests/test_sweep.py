@@ -291,7 +291,7 @@ def test_the_plan_picks_side_by_side_for_many_trials_and_splitting_for_too_few(t
     hw = load_cluster(tmp_path / "c.toml")
     if trials == 1:  # one trial cannot use 4 workers side by side: only splitting it helps, if compute dominates
         profile = heavy(profile)
-    plans = plan_sweep(configs, base, trials, 4, profile, lambda n: hw)
+    plans = plan_sweep(configs, base, trials, 4, lambda options: profile, lambda n: hw)
     assert [p.k for p in sorted(plans, key=lambda p: p.k)] == [1, 2, 4]
     assert plans[0].k == best_k
     for p in plans:

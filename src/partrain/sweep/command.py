@@ -183,11 +183,14 @@ def _plan(args, settings) -> int:
                              seed=args.seed)
     sizes = profile_sizes(configs, args.workers)
     if not args.json:
-        print(f"model profile of {base.model} on {base.dataset} at {base.threads} thread(s), batches {sizes}, and the "
+        print(f"profiles of {base.model} on {base.dataset} at {base.threads} thread(s), batches {sizes}, and the "
               f"collectives of up to {args.workers} workers: measured once, then cached", file=sys.stderr)
-    profile = load_or_profile(base.model, base.dataset, sizes, base.threads, args.profile_dir, base.data_dir,
-                              base.synthetic, base.model_options)[0]
-    plans = plan_sweep(configs, base, args.trials, args.workers, profile,
+
+    def profile_for(options: dict):
+        return load_or_profile(base.model, base.dataset, sizes, base.threads, args.profile_dir, base.data_dir,
+                               base.synthetic, options)[0]
+
+    plans = plan_sweep(configs, base, args.trials, args.workers, profile_for,
                        lambda n: hardware_for(n, args.profile_dir)[0])
     if args.json:
         print(json.dumps({"best_k": plans[0].k, "plans": [p.to_dict() for p in plans],

@@ -17,6 +17,7 @@ seconds each; the k > 1 trials pay a process-group start too), which the measure
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass
@@ -74,18 +75,28 @@ def divisors(workers: int) -> list[int]:
     return [k for k in range(1, workers + 1) if workers % k == 0]
 
 
-def plan_sweep(configs: list[RunConfig], base: RunConfig, trials: int, workers: int, profile, hardware_for) -> list[KPlan]:
+MAX_SHAPES = 4  # distinct model shapes (width x depth) profiled one by one; beyond, the base model stands for all
+
+
+def plan_sweep(configs: list[RunConfig], base: RunConfig, trials: int, workers: int, profile_for, hardware_for) -> list[KPlan]:
     """Predicted sweep time for every k that divides ``workers``, fastest first.
 
-    ``profile``: the model profile at the threads each worker gets; ``hardware_for(n)``: the
-    hardware profile for n local workers (this machine's, measured and cached, or a cluster file)."""
+    ``profile_for(model_options)``: the model profile of that shape at the threads each worker
+    gets (a profile, when every shape shares it); ``hardware_for(n)``: the hardware profile for
+    n local workers (this machine's, measured and cached, or a cluster file)."""
     from partrain.data import dataset_spec
     from partrain.predict import compute
     from partrain.predict.strategies import Plan, _env, predict_plan
 
-    threads = profile.threads
+    shapes = sorted({_shape(c) for c in configs})
+    if len(shapes) > MAX_SHAPES:
+        profiles = dict.fromkeys(shapes, profile_for(base.model_options))
+    else:
+        profiles = {shape: profile_for(json.loads(shape)) for shape in shapes}
+    any_profile = profiles[shapes[0]]
+    threads = any_profile.threads
     hw_all = hardware_for(workers)
-    train_n = min(profile.train_samples, base.limit or math.inf)
+    train_n = min(any_profile.train_samples, base.limit or math.inf)
     test_n = min(dataset_spec(base.dataset).test_size, base.eval_limit or math.inf) if base.evaluate else 0
     plans = []
     for k in divisors(workers):
@@ -93,6 +104,7 @@ def plan_sweep(configs: list[RunConfig], base: RunConfig, trials: int, workers: 
         slots = workers // k
         step_sum = steps_sum = trial_sum = comm_sum = 0.0
         for cfg in configs:
+            profile = profiles[_shape(cfg)]
             plan = Plan("serial" if k == 1 else "ddp", k, cfg.batch_size, dp=k, optimizer=cfg.optimizer,
                         momentum=cfg.momentum, threads=threads, bucket_mb=base.bucket_mb)
             pred = predict_plan(profile, hw, plan)
@@ -113,6 +125,10 @@ def plan_sweep(configs: list[RunConfig], base: RunConfig, trials: int, workers: 
         plans.append(KPlan(k, slots, waves, step_sum / n, steps_sum / n, trial_sum / n, waves * trial_sum / n,
                            comm_sum / n, slowdown))
     return sorted(plans, key=lambda p: p.sweep_s)
+
+
+def _shape(cfg: RunConfig) -> str:
+    return json.dumps(cfg.model_options, sort_keys=True)
 
 
 def explain(plans: list[KPlan], workers: int, trials: int) -> str:

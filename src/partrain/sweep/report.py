@@ -79,6 +79,7 @@ def plot(rows: list[dict], dims: list[Dimension], path: str | Path, title: str) 
             ax.scatter(xs, [100 * y for y in ys], marker=marker, color=color, label=state.lower())
         if dim.choices is not None:
             ax.set_xticks(range(len(dim.choices)), [str(c) for c in dim.choices])
+            ax.set_xlim(-0.5, len(dim.choices) - 0.5)
         elif dim.log:
             ax.set_xscale("log")
         ax.set_xlabel(dim.name)
