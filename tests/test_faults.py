@@ -147,3 +147,21 @@ def test_a_stopped_worker_is_the_rank_named(data_dir, tmp_path):
                 os.kill(w, signal.SIGKILL)
     assert proc.returncode == 1
     assert err.strip().splitlines()[-1].startswith("partrain: error: worker rank 1 stopped responding")
+
+
+def test_two_bench_runs_on_one_store_lose_nothing_and_store_each_cell_once(data_dir, tmp_path):
+    import sqlite3
+
+    suite = tmp_path / "s.toml"
+    suite.write_text('models = ["mlp"]\ndatasets = ["mnist"]\nstrategies = ["serial", "ddp"]\nworkers = [1, 2]\n'
+                     "batch_sizes = [32, 64]\nwarmup_steps = 1\nsteps = 2\nlimit = 512\nthreads = 1\n")
+    store = tmp_path / "s.sqlite"
+    runs = [_start(["bench", str(suite), "--store", str(store)], data_dir, tmp_path) for _ in range(2)]
+    for run in runs:
+        _, err = run.communicate(timeout=600)
+        assert run.returncode == 0, err
+    with sqlite3.connect(store) as db:
+        rows = db.execute("SELECT strategy, workers, batch_size, status FROM cells").fetchall()
+    # serial x1, ddp x1, ddp x2 (serial x2 is stored as skipped) at two batch sizes: 8 cells, each once
+    assert len(rows) == len(set(rows)) == 8
+    assert sorted(r[3] for r in rows).count("ok") == 6

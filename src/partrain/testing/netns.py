@@ -1,0 +1,195 @@
+"""Emulated nodes: network namespaces on one machine, joined by shaped links.
+
+``EmulatedNodes(n, Link(rate_mbit=1000))`` makes n "nodes" on this machine, each a network
+namespace of its own with one interface ``eth0`` at 192.0.2.<i+1>/24 (the documentation
+range, RFC 5737: never a real host), all plugged into a bridge that lives in a hub namespace
+of its own. Nothing is added to the machine's own namespace: no address, no route, no
+interface. Every link is shaped in both directions with ``tc``: a token bucket (``tbf``)
+for the rate and, where the kernel has ``sch_netem``, a delay::
+
+    node 0 [eth0 192.0.2.1] ==veth== [bridge in the hub] ==veth== [eth0 192.0.2.2] node 1
+          tbf rate R (egress)        tbf rate R (toward each node)
+
+So a message from node 0 to node 1 crosses two shaped queues of rate R: the slower of
+them limits it to R, as one link of rate R would. Processes on a node see only ``lo`` and
+``eth0``; ``run``/``popen`` start them there with ``GLOO_SOCKET_IFNAME=eth0``.
+
+The namespaces are always torn down: on leaving the ``with`` block, on an exception, on
+SIGTERM, at interpreter exit; and namespaces that a killed (SIGKILL) harness left behind
+are found by the pid in their name and removed the next time one starts. Needs root and
+``iproute2``; ``available()`` says why not where it cannot run, and tests skip on it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass, field
+
+PREFIX = "ptn"  # namespaces are named ptn<pid>-<tag>: the pid says whether their owner still lives
+SUBNET = "192.0.2"  # TEST-NET-1 (RFC 5737), inside the namespaces only
+
+
+@dataclass(frozen=True)
+class Link:
+    """How every node reaches the bridge: a rate in Mbit/s (None: unshaped) and a one-way delay
+    in ms (needs the kernel's netem; 0 or None: none)."""
+
+    rate_mbit: float | None = None
+    delay_ms: float | None = None
+
+    def describe(self) -> str:
+        parts = [f"{self.rate_mbit:g} Mbit/s" if self.rate_mbit else "unshaped"]
+        if self.delay_ms:
+            parts.append(f"{self.delay_ms:g} ms")
+        return ", ".join(parts)
+
+
+def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = ["ip", "netns", "exec", ns, *args] if ns else list(args)
+    return subprocess.run(cmd, capture_output=True, text=True, check=check)
+
+
+def available() -> str | None:
+    """None if emulated nodes can be made here, else the reason they cannot."""
+    if os.geteuid() != 0:
+        return "emulated nodes need root (network namespaces)"
+    if not (shutil.which("ip") and shutil.which("tc")):
+        return "emulated nodes need iproute2 (ip, tc)"
+    probe = f"{PREFIX}{os.getpid()}-probe"
+    made = _ip("ip", "netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.strip()}"
+    _ip("ip", "netns", "del", probe, check=False)
+    return None
+
+
+def has_netem() -> bool:
+    """Whether the kernel can delay packets (sch_netem); without it links have a rate only."""
+    probe = f"{PREFIX}{os.getpid()}-netem"
+    _ip("ip", "netns", "add", probe, check=False)
+    try:
+        return _ip("tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms", ns=probe, check=False).returncode == 0
+    finally:
+        _ip("ip", "netns", "del", probe, check=False)
+
+
+def remove_stale() -> list[str]:
+    """Remove namespaces left by harnesses that no longer run (killed before their clean-up)."""
+    listed = _ip("ip", "netns", "list", check=False).stdout.split()
+    stale = []
+    for name in listed:
+        if not name.startswith(PREFIX) or "-" not in name:
+            continue
+        pid = name[len(PREFIX):].split("-")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+            _ip("ip", "netns", "del", name, check=False)
+            stale.append(name)
+    return stale
+
+
+def _shape(ns: str, dev: str, link: Link, netem: bool) -> None:
+    """Egress of ``dev`` in ``ns``: netem for the delay (where it exists), tbf for the rate."""
+    parent = ["root"]
+    if link.delay_ms and netem:
+        _ip("tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", f"{link.delay_ms}ms", ns=ns)
+        parent = ["parent", "1:1"]
+    if link.rate_mbit:
+        # burst: at least one 1500-byte packet and 1 ms of the rate, so high rates are reachable (tc-tbf(8))
+        burst = max(1600, int(link.rate_mbit * 1e6 / 8 / 1000))
+        _ip("tc", "qdisc", "add", "dev", dev, *parent, "tbf", "rate", f"{link.rate_mbit}mbit",
+            "burst", str(burst), "latency", "100ms", ns=ns)
+
+
+@dataclass
+class EmulatedNodes:
+    """``n`` namespaces joined by ``link``; a context manager that always tears them down."""
+
+    n: int
+    link: Link = field(default_factory=Link)
+    tag: str = "n"
+    names: list[str] = field(default_factory=list, init=False)
+    hub: str = field(default="", init=False)
+    netem: bool = field(default=False, init=False)
+
+    def address(self, node: int) -> str:
+        return f"{SUBNET}.{node + 1}"
+
+    def __enter__(self) -> EmulatedNodes:
+        if reason := available():
+            raise RuntimeError(reason)
+        if not 1 <= self.n <= 200:
+            raise ValueError(f"between 1 and 200 nodes, got {self.n}")
+        remove_stale()
+        self.netem = bool(self.link.delay_ms) and has_netem()
+        base = f"{PREFIX}{os.getpid()}-{self.tag}"
+        self.hub = f"{base}h"
+        atexit.register(self.close)
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous in (signal.SIG_DFL, None):  # a SIGTERM'd harness still cleans up
+            signal.signal(signal.SIGTERM, lambda *_: (self.close(), os._exit(143)))
+        try:
+            _ip("ip", "netns", "add", self.hub)
+            self.names.append(self.hub)
+            _ip("ip", "link", "add", "br0", "type", "bridge", ns=self.hub)
+            _ip("ip", "link", "set", "br0", "up", ns=self.hub)
+            for i in range(self.n):
+                node = f"{base}{i}"
+                _ip("ip", "netns", "add", node)
+                self.names.append(node)
+                _ip("ip", "link", "set", "lo", "up", ns=node)
+                # the pair is born in the hub; one end moves into the node and becomes its eth0
+                _ip("ip", "link", "add", f"n{i}", "type", "veth", "peer", "name", f"h{i}", ns=self.hub)
+                _ip("ip", "link", "set", f"n{i}", "netns", node, ns=self.hub)
+                _ip("ip", "link", "set", f"n{i}", "name", "eth0", ns=node)
+                _ip("ip", "addr", "add", f"{self.address(i)}/24", "dev", "eth0", ns=node)
+                _ip("ip", "link", "set", "eth0", "up", ns=node)
+                _ip("ip", "link", "set", f"h{i}", "master", "br0", ns=self.hub)
+                _ip("ip", "link", "set", f"h{i}", "up", ns=self.hub)
+                _shape(node, "eth0", self.link, self.netem)  # from the node
+                _shape(self.hub, f"h{i}", self.link, self.netem)  # toward the node
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for name in reversed(self.names):
+            _ip("ip", "netns", "del", name, check=False)
+        self.names.clear()
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment of a process on a node: collectives on eth0."""
+        return {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0", **(extra or {})}
+
+    def command(self, node: int, cmd: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", f"{PREFIX}{os.getpid()}-{self.tag}{node}", *cmd]
+
+    def popen(self, node: int, cmd: list[str], **kwargs) -> subprocess.Popen:
+        kwargs.setdefault("env", self.env())
+        return subprocess.Popen(self.command(node, cmd), **kwargs)
+
+    def run(self, node: int, cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+        kwargs.setdefault("env", self.env())
+        return subprocess.run(self.command(node, cmd), **kwargs)
+
+
+def torchrun_across(nodes: EmulatedNodes, per_node: int, args: list[str], port: int = 29500,
+                    python: list[str] | None = None) -> list[list[str]]:
+    """One ``torchrun`` command per node that starts ``per_node`` workers of ``python -m partrain
+    args`` there, all meeting at node 0 (a static rendezvous: the c10d store on 192.0.2.1)."""
+    import sys
+
+    python = python or [sys.executable, "-P"]
+    return [
+        nodes.command(i, [*python, "-m", "torch.distributed.run", "--nnodes", str(nodes.n),
+                          "--nproc-per-node", str(per_node), "--node-rank", str(i), "--master-addr",
+                          nodes.address(0), "--master-port", str(port), "-m", "partrain", *args])
+        for i in range(nodes.n)
+    ]

@@ -1,0 +1,78 @@
+"""Emulated nodes (issue 18): namespaces joined by shaped links, always torn down, and a
+real two-node training run across them equal to the same run on one machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from partrain.testing import netns
+from partrain.testing.netns import EmulatedNodes, Link, torchrun_across
+
+pytestmark = pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))
+
+
+def _namespaces() -> set[str]:
+    return set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+
+
+def _ours() -> set[str]:
+    return {n for n in _namespaces() if n.startswith(f"{netns.PREFIX}{__import__('os').getpid()}-")}
+
+
+def test_nodes_are_made_and_always_torn_down():
+    with EmulatedNodes(3, Link(rate_mbit=100), tag="t") as nodes:
+        assert len(_ours()) == 4  # three nodes and the hub
+        shown = nodes.run(1, ["ip", "-o", "-4", "addr", "show", "eth0"], capture_output=True, text=True).stdout
+        assert "192.0.2.2/24" in shown
+    assert not _ours()
+    with pytest.raises(KeyError):
+        with EmulatedNodes(2, tag="e"):
+            raise KeyError("a run that fails")
+    assert not _ours()
+
+
+def test_namespaces_of_a_killed_harness_are_removed_at_the_next_start():
+    dead = f"{netns.PREFIX}999999999-x0"  # a pid no process has
+    subprocess.run(["ip", "netns", "add", dead], check=True)
+    assert dead in netns.remove_stale()
+    assert dead not in _namespaces()
+
+
+def test_the_link_rate_caps_what_crosses_it():
+    """20 MB through a 50 Mbit/s link cannot arrive faster than the link allows."""
+    server = ("import socket;s=socket.socket();s.bind(('0.0.0.0',5001));s.listen();c,_=s.accept();n=0\n"
+              "while (d:=c.recv(1<<20)): n+=len(d)\nprint(n)")
+    with EmulatedNodes(2, Link(rate_mbit=50), tag="r") as nodes:
+        srv = nodes.popen(1, [sys.executable, "-c", server], stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        start = time.monotonic()
+        nodes.run(0, [sys.executable, "-c", f"import socket;socket.create_connection(('{nodes.address(1)}',5001))"
+                      ".sendall(b'x'*(20<<20))"], check=True)
+        received = int(srv.communicate(timeout=60)[0])
+        mbit_per_s = received * 8 / 1e6 / (time.monotonic() - start)
+    assert received == 20 << 20
+    assert mbit_per_s < 50 * 1.1  # shaped: never faster than the rate (a busy machine is only slower)
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_two_emulated_nodes_train_ddp_to_the_losses_of_one_machine(data_dir):
+    args = ["train", "--model", "mlp", "--strategy", "ddp", "--steps", "6", "--limit", "512", "--eval-limit", "64",
+            "--threads", "1", "--data-dir", str(data_dir), "--json", "--quiet"]
+    local = subprocess.run([sys.executable, "-P", "-m", "partrain", *args, "--workers", "2"], capture_output=True,
+                           text=True, timeout=300)
+    assert local.returncode == 0, local.stderr
+    with EmulatedNodes(2, Link(rate_mbit=1000), tag="d") as nodes:
+        procs = [subprocess.Popen(cmd, env=nodes.env({"PYTHONPATH": ":".join(p for p in sys.path if p)}),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for cmd in torchrun_across(nodes, 1, args)]
+        outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    across = json.loads(outs[0][0].strip().splitlines()[-1])
+    assert across["world_size"] == 2
+    assert across["step_losses"] == pytest.approx(json.loads(local.stdout)["step_losses"], abs=1e-6)
