@@ -181,6 +181,7 @@ def test_grid_sweep_visits_each_point_once_and_refuses_more_trials_than_points(t
     (["--workers", "2", "--per-trial", "2", "--space", "batch_size=32,33"], "batch size 33 does not split"),
     (["--trials", "0"], "--trials must be at least 1"),
     (["--space", "lr", "--model", "nonesuch"], "unknown model 'nonesuch'"),
+    (["--storage", "nosuchdb://host/x"], "cannot open the study storage nosuchdb://host/x"),
 ])
 def test_bad_sweep_input_is_one_line_and_exit_2(tmp_path, data_dir, capsys, argv, message):
     assert main(_sweep(tmp_path, data_dir, *argv)) == 2

@@ -71,8 +71,13 @@ def _storage(url: str):
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback())
+        try:
+            return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback())
+        except Exception as err:  # noqa: BLE001 - a bad URL, a missing driver, a server that is down: one line
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise PartrainError(f"cannot open the study storage {url} ({reason}): give --storage a file name "
+                                "or a database URL whose driver is installed, e.g. postgresql://host/db") from None
 
 
 def sampler_for(settings: SweepSettings):
