@@ -128,10 +128,17 @@ def run(args) -> int:
     else:
         ctx = multiprocessing.get_context("spawn")
         procs = [ctx.Process(target=slot_main, args=(_with_slot(settings, i),), name=f"sweep-slot-{i}") for i in range(slots)]
-        for proc in procs:
-            proc.start()
-        for proc in procs:
-            proc.join()
+        try:
+            for proc in procs:
+                proc.start()
+            for proc in procs:
+                proc.join()
+        except BaseException:  # Ctrl-C or SIGTERM: stop the slots now (exit would wait for them); their
+            for proc in procs:  # trials stay RUNNING and the next run reclaims them
+                proc.kill()
+            for proc in procs:
+                proc.join()
+            raise
         if bad := [p.exitcode for p in procs if p.exitcode]:
             raise PartrainError(f"{len(bad)} sweep slot(s) failed (exit {bad[0]}); the study keeps what finished: run "
                                 "the same command again to resume")
