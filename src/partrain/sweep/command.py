@@ -47,7 +47,7 @@ def add_parser(sub) -> None:
                    "finishes soonest, from the model and hardware profiles; trains nothing")
     g.add_argument("--profile-dir", help="--plan: profile cache (default: $PARTRAIN_PROFILE_DIR, else ~/.partrain/profiles)")
     g.add_argument("--json", action="store_true", help="print the result as JSON")
-    g.add_argument("--quiet", action="store_true", help="no per-trial lines")
+    g.add_argument("--quiet", action="store_true", help="no line on stderr when the sweep starts")
 
     g = p.add_argument_group("fixed train options (a searched one takes the trial's value)")
     g.add_argument("--model", default="mlp")
