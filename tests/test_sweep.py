@@ -292,10 +292,11 @@ def test_the_plan_picks_side_by_side_for_many_trials_and_splitting_for_too_few(t
     hw = load_cluster(tmp_path / "c.toml")
     if trials == 1:  # one trial cannot use 4 workers side by side: only splitting it helps, if compute dominates
         profile = heavy(profile)
-    plans = plan_sweep(configs, base, trials, 4, lambda options: profile, lambda n: hw)
+    plans = plan_sweep(configs, base, trials, 4, lambda options: profile, lambda n: hw, lambda k: 0.5 * k)
     assert [p.k for p in sorted(plans, key=lambda p: p.k)] == [1, 2, 4]
     assert plans[0].k == best_k
     for p in plans:
         assert p.slots == 4 // p.k and p.waves == -(-trials // p.slots)
         assert p.sweep_s == pytest.approx(p.waves * p.trial_s)
+        assert p.start_s == 0.5 * p.k and p.trial_s > p.start_s + p.steps * p.step_s
         assert p.steps == pytest.approx(sum(c.epochs * (profile.train_samples // c.batch_size) for c in configs) / 12)

@@ -183,7 +183,7 @@ def _plan(args, settings) -> int:
 
     from partrain.profile.hardware import hardware_for
     from partrain.profile.model import load_or_profile
-    from partrain.sweep.plan import explain, plan_sweep, plan_table, profile_sizes, sample_configs
+    from partrain.sweep.plan import explain, measure_start, plan_sweep, plan_table, profile_sizes, sample_configs
 
     base = settings.base
     configs = sample_configs(settings.dims, base.replace(workers=1, strategy="serial"), args.sampler, args.grid_points,
@@ -197,8 +197,13 @@ def _plan(args, settings) -> int:
         return load_or_profile(base.model, base.dataset, sizes, base.threads, args.profile_dir, base.data_dir,
                                base.synthetic, options)[0]
 
+    def start_for(k: int) -> float:
+        if not args.json:
+            print(f"timing the start of one trial with {k} worker(s)...", file=sys.stderr)
+        return measure_start(base, k)
+
     plans = plan_sweep(configs, base, args.trials, args.workers, profile_for,
-                       lambda n: hardware_for(n, args.profile_dir)[0])
+                       lambda n: hardware_for(n, args.profile_dir)[0], start_for)
     if args.json:
         print(json.dumps({"best_k": plans[0].k, "plans": [p.to_dict() for p in plans],
                           "why": explain(plans, args.workers, args.trials)}))

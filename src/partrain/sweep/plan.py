@@ -11,8 +11,9 @@ One trial's time, from the same profiles and predictor as ``partrain predict``:
             profile's measured compute sharing: cores, caches, memory bandwidth)
 
 averaged over the trial configurations the space draws (every grid point, or a uniform
-sample). Not modelled: starting a trial's worker processes and reading the data (a few
-seconds each; the k > 1 trials pay a process-group start too), which the measured sweep shows.
+sample), plus what starting a trial costs, which no profile holds: reading the data,
+building the model and, for k > 1, starting k worker processes and their process group.
+``measure_start`` times that once per k: a one-step run of the trial's own kind.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class KPlan:
     sweep_s: float
     comm_s: float  # of step_s: the gradient allreduce backward does not hide
     slowdown: float  # compute stretch from the other slots
+    start_s: float = 0.0  # starting one trial: data, model, and k > 1 worker processes (measured)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -78,12 +80,27 @@ def divisors(workers: int) -> list[int]:
 MAX_SHAPES = 4  # distinct model shapes (width x depth) profiled one by one; beyond, the base model stands for all
 
 
-def plan_sweep(configs: list[RunConfig], base: RunConfig, trials: int, workers: int, profile_for, hardware_for) -> list[KPlan]:
+def measure_start(base: RunConfig, k: int) -> float:
+    """Seconds to start one trial with k workers and take one step: a run of the trial's own
+    kind (serial in this process, or ddp x k spawned), without evaluation."""
+    import time
+
+    from partrain.runner import run_training
+
+    cfg = base.replace(strategy="serial" if k == 1 else "ddp", workers=k, steps=1, evaluate=False, epochs=1,
+                       batch_size=max(k, base.batch_size - base.batch_size % k))
+    start = time.perf_counter()
+    run_training(cfg, show_progress=False)
+    return time.perf_counter() - start
+
+
+def plan_sweep(configs: list[RunConfig], base: RunConfig, trials: int, workers: int, profile_for, hardware_for,
+               start_for=lambda k: 0.0) -> list[KPlan]:
     """Predicted sweep time for every k that divides ``workers``, fastest first.
 
     ``profile_for(model_options)``: the model profile of that shape at the threads each worker
-    gets (a profile, when every shape shares it); ``hardware_for(n)``: the hardware profile for
-    n local workers (this machine's, measured and cached, or a cluster file)."""
+    gets; ``hardware_for(n)``: the hardware profile for n local workers (this machine's,
+    measured and cached, or a cluster file); ``start_for(k)``: seconds to start a trial."""
     from partrain.data import dataset_spec
     from partrain.predict import compute
     from partrain.predict.strategies import Plan, _env, predict_plan
@@ -120,10 +137,11 @@ def plan_sweep(configs: list[RunConfig], base: RunConfig, trials: int, workers: 
             steps_sum += steps
             comm_sum += pred.comm_s
             trial_sum += steps * step + evaluation
-        n = len(configs)
+        n, start = len(configs), start_for(k)
         waves = math.ceil(trials / slots)
-        plans.append(KPlan(k, slots, waves, step_sum / n, steps_sum / n, trial_sum / n, waves * trial_sum / n,
-                           comm_sum / n, slowdown))
+        trial_s = trial_sum / n + start
+        plans.append(KPlan(k, slots, waves, step_sum / n, steps_sum / n, trial_s, waves * trial_s, comm_sum / n,
+                           slowdown, start))
     return sorted(plans, key=lambda p: p.sweep_s)
 
 
@@ -135,10 +153,10 @@ def explain(plans: list[KPlan], workers: int, trials: int) -> str:
     """Why the fastest k wins, in a sentence or two."""
     win = plans[0]
     lines = [f"--per-trial {win.k} finishes {trials} trials soonest: {win.slots} trial(s) side by side, "
-             f"{win.waves} wave(s) of {win.trial_s:.1f} s."]
+             f"{win.waves} wave(s) of {win.trial_s:.1f} s ({win.start_s:.1f} s of it starting the trial)."]
     for p in plans[1:]:
         what = ("each trial serial" if p.k == 1 else f"each trial ddp x{p.k}, allreduce {p.comm_s * 1e3:.2f} ms of its "
-                f"{p.step_s * 1e3:.2f} ms step")
+                f"{p.step_s * 1e3:.2f} ms step") + f", {p.start_s:.1f} s to start"
         lines.append(f"--per-trial {p.k} ({p.slots} side by side, {what}) would take {p.sweep_s:.0f} s, "
                      f"{p.sweep_s / win.sweep_s:.2f}x as long.")
     if win.k == 1:
@@ -154,10 +172,10 @@ def plan_table(plans: list[KPlan], title: str):
     from rich.table import Table
 
     table = Table(title=title)
-    for name in ("per trial k", "side by side", "waves", "ms/step", "of which allreduce", "steps/trial", "s/trial",
-                 "predicted sweep s"):
+    for name in ("per trial k", "side by side", "waves", "ms/step", "of which allreduce", "steps/trial",
+                 "start s (measured)", "s/trial", "predicted sweep s"):
         table.add_column(name, justify="right")
     for p in sorted(plans, key=lambda p: p.k):
         table.add_row(str(p.k), str(p.slots), str(p.waves), f"{p.step_s * 1e3:.2f}", f"{p.comm_s * 1e3:.2f}",
-                      f"{p.steps:.0f}", f"{p.trial_s:.1f}", f"{p.sweep_s:.0f}")
+                      f"{p.steps:.0f}", f"{p.start_s:.1f}", f"{p.trial_s:.1f}", f"{p.sweep_s:.0f}")
     return table
