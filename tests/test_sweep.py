@@ -114,6 +114,8 @@ def test_the_reporter_prunes_a_trial_below_the_median_even_unpickled(tmp_path):
     assert pickle.loads(pickle.dumps(EpochReporter(settings, bad._trial_id, bad)))(epoch(0.10)) is True
     assert EpochReporter(settings, good._trial_id, good)(epoch(0.95)) is False
     assert study.trials[bad.number].intermediate_values == {1: 0.10}
+    last = study.ask()  # at its last epoch a trial is complete, however it did
+    assert EpochReporter(settings, last._trial_id, last, epochs=1)(epoch(0.10)) is False
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat")

@@ -239,11 +239,11 @@ class EpochReporter:
     answer whether the pruner stops it. Picklable: a k-way trial's rank 0 is another process,
     which opens the storage itself."""
 
-    def __init__(self, settings: SweepSettings, trial_id: int, trial=None):
-        self.settings, self.trial_id, self._trial = settings, trial_id, trial
+    def __init__(self, settings: SweepSettings, trial_id: int, trial=None, epochs: int | None = None):
+        self.settings, self.trial_id, self._trial, self.epochs = settings, trial_id, trial, epochs
 
     def __getstate__(self):
-        return {"settings": self.settings, "trial_id": self.trial_id, "_trial": None}
+        return {**self.__dict__, "_trial": None}
 
     def __call__(self, ep) -> bool:
         import optuna
@@ -252,6 +252,8 @@ class EpochReporter:
             self._trial = optuna.Trial(open_study(self.settings), self.trial_id)
         accuracy = ep.test_accuracy if ep.test_accuracy is not None else -ep.train_loss
         self._trial.report(accuracy, ep.epoch)
+        if self.epochs is not None and ep.epoch >= self.epochs:
+            return False  # the trial's last epoch: it is complete, not pruned
         return bool(self._trial.should_prune())
 
 
@@ -281,7 +283,7 @@ def objective(settings: SweepSettings, study):
         try:
             cfg = trial_config(settings.base, params)
             start = time.perf_counter()
-            result = run_training(cfg, show_progress=False, on_epoch=EpochReporter(settings, trial._trial_id, trial))
+            result = run_training(cfg, show_progress=False, on_epoch=EpochReporter(settings, trial._trial_id, trial, cfg.epochs))
         except PartrainError as err:
             trial.set_user_attr("error", str(err))
             raise TrialError(str(err)) from None
