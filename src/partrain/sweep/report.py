@@ -51,7 +51,7 @@ def best(study, base: RunConfig) -> tuple[object, RunConfig, str] | None:
     if not complete:
         return None
     top = max(complete, key=lambda t: (t.value, -t.number))
-    cfg = trial_config(base, top.params).replace(threads=None)
+    cfg = trial_config(base, top.params)  # threads kept: another count sums in another order, and drifts
     return top, cfg, train_command(cfg)
 
 
