@@ -82,6 +82,10 @@ def plot(rows: list[dict], dims: list[Dimension], path: str | Path, title: str) 
             ax.set_xlim(-0.5, len(dim.choices) - 0.5)
         elif dim.log:
             ax.set_xscale("log")
+        elif dim.integer:
+            from matplotlib.ticker import MaxNLocator
+
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(dim.name)
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
