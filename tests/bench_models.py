@@ -5,13 +5,16 @@ import torch.nn as nn
 
 
 class RaisesInForward(nn.Sequential):
-    """Builds (so the runner's preflight passes) but fails on its first forward, as a buggy model would."""
+    """Builds and passes the preflight's shape check (an eval-mode forward on the meta device),
+    but fails on its first training step, as a model with a bug in its training path would."""
 
     def __init__(self, in_features: int, num_classes: int):
         super().__init__(nn.Flatten(), nn.Linear(in_features, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("bench_models: this model fails on purpose")
+        if self.training:
+            raise RuntimeError("bench_models: this model fails on purpose")
+        return super().forward(x)
 
 
 def raises_in_forward(input_shape, num_classes):

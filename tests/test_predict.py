@@ -467,3 +467,10 @@ def test_spearman():
     assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
     assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert math.isnan(Report([], 0.0, []).mape())
+
+
+def test_the_simulator_refuses_costs_that_are_not_finite_instead_of_waiting_forever():
+    from partrain.predict.pipeline_sim import PipelineCosts
+
+    with pytest.raises(ValueError, match="finite seconds"):
+        PipelineCosts((0.01, float("nan")), (0.02, 0.02), (0.0, 0.0), (0.0, 0.0))

@@ -128,6 +128,12 @@ class PipelineCosts:
     before: tuple[tuple[StepWork, ...], ...] = ()  # per rank, ahead of the schedule
     after: tuple[tuple[StepWork, ...], ...] = ()  # per rank, after it
 
+    def __post_init__(self) -> None:
+        # a NaN never compares as later or earlier, so the event loop would wait for it forever
+        times = [*self.fwd, *self.bwd, *self.send_fwd, *self.send_bwd]
+        if not all(math.isfinite(t) and t >= 0 for t in times):
+            raise ValueError(f"pipeline costs must be finite seconds >= 0, got {times}")
+
     def without_transfers(self) -> PipelineCosts:
         zero = tuple(0.0 for _ in self.fwd)
         return PipelineCosts(self.fwd, self.bwd, zero, zero, self.before, self.after)

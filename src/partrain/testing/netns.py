@@ -98,8 +98,9 @@ def _shape(ns: str, dev: str, link: Link, netem: bool) -> None:
         _ip("tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", f"{link.delay_ms}ms", ns=ns)
         parent = ["parent", "1:1"]
     if link.rate_mbit:
-        # burst: at least one 1500-byte packet and 1 ms of the rate, so high rates are reachable (tc-tbf(8))
-        burst = max(1600, int(link.rate_mbit * 1e6 / 8 / 1000))
+        # burst: 64 KB or 4 ms of the rate, whichever is more: a bucket much smaller than TCP's
+        # bursts (a 64 KB segment offload) throttles TCP well below the rate (tc-tbf(8))
+        burst = max(65536, int(link.rate_mbit * 1e6 / 8 * 0.004))
         _ip("tc", "qdisc", "add", "dev", dev, *parent, "tbf", "rate", f"{link.rate_mbit}mbit",
             "burst", str(burst), "latency", "100ms", ns=ns)
 
