@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from partrain.bench import Store, builtin_suite, load_suite, run_suite
-from partrain.predict.machine import Hardware, fingerprint
 from partrain.bench.runner import failure_reason
 from partrain.bench.scaling import regimes, study_cells, study_suite
 from partrain.bench.suite import suite_from_dict
 from partrain.cli import main
 from partrain.errors import PartrainError
+from partrain.predict.machine import Hardware, fingerprint
 from partrain.report import plots
 
 REPO = Path(__file__).resolve().parents[1]

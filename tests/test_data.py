@@ -9,8 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from partrain.data import (DATA_DIR_ENV, DEFAULT_DATA_DIR, ArrayDataset, SyntheticDataset, dataset_spec,
-                           list_datasets, load_dataset, resolve_data_dir)
+from partrain.data import (
+    DATA_DIR_ENV,
+    DEFAULT_DATA_DIR,
+    ArrayDataset,
+    SyntheticDataset,
+    dataset_spec,
+    list_datasets,
+    load_dataset,
+    resolve_data_dir,
+)
 from partrain.errors import PartrainError
 
 MNIST_FILES = [f"{s}-{k}-ubyte.gz" for s in ("train", "t10k") for k in ("images-idx3", "labels-idx1")]

@@ -23,7 +23,7 @@ def _run(tmp_path, data_dir, name: str, **overrides) -> tuple[list[float], dict]
     base = dict(dataset="mnist", data_dir=str(data_dir) if data_dir else None, steps=STEPS, batch_size=64, evaluate=False,
                 threads=1, timeout_s=60, save_model=str(model_file))
     result = run_training(RunConfig(**{**base, **overrides}), show_progress=False)
-    return result.step_losses, torch.load(model_file, weights_only=True)
+    return result.step_losses, torch.load(model_file, weights_only=True)["state_dict"]
 
 
 def _assert_same(run, reference):

@@ -7,7 +7,12 @@ import sys
 
 import pytest
 
-from partrain.distributed.launch import LaunchInfo, detect_launcher, first_slurm_host, free_port
+from partrain.distributed.launch import (
+    LaunchInfo,
+    detect_launcher,
+    first_slurm_host,
+    free_port,
+)
 from partrain.errors import PartrainError
 
 

@@ -10,7 +10,11 @@ import torch
 
 from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
-from partrain.strategies.partition import balanced_bounds, bounds_from_split_points, partition
+from partrain.strategies.partition import (
+    balanced_bounds,
+    bounds_from_split_points,
+    partition,
+)
 
 
 def brute_force_best(costs, k):

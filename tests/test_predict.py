@@ -12,26 +12,33 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
+from torch.distributed.pipelining.schedules import (
+    ScheduleInterleaved1F1B,
+    _ComputationType,
+)
 
 from partrain.cli import build_parser, config_from_args, main
 from partrain.config import RunConfig
 from partrain.models import build_model
-from partrain.predict import Plan, check_plan, enumerate_plans, predict_plan
-from partrain.predict.comm import collective_time, transfer_time
-from partrain.predict import compute
-from partrain.predict.compute import interpolate
-from partrain.predict.memory import optimizer_state_bytes, stage_state
-from partrain.predict.pipeline_sim import PipelineCosts, StepWork, schedule_order, simulate
-from partrain.predict.data_parallel import ddp_buckets, overlapped_allreduce
-from partrain.predict.pipeline import stage_bounds
-from partrain.predict.plan import profile_batch_sizes
-from partrain.report.plots import plot_scatter
-from partrain.validate import Report, row_config, spearman, validate
+from partrain.predict import Plan, check_plan, compute, enumerate_plans, predict_plan
 from partrain.predict.cluster import load_cluster
+from partrain.predict.comm import collective_time, transfer_time
+from partrain.predict.compute import interpolate
+from partrain.predict.data_parallel import ddp_buckets, overlapped_allreduce
 from partrain.predict.fits import CostFit, fit_cost
+from partrain.predict.memory import optimizer_state_bytes, stage_state
+from partrain.predict.pipeline import stage_bounds
+from partrain.predict.pipeline_sim import (
+    PipelineCosts,
+    StepWork,
+    schedule_order,
+    simulate,
+)
+from partrain.predict.plan import profile_batch_sizes
 from partrain.profile.hardware import fit_compute_sharing
 from partrain.profile.model import profile_model
+from partrain.report.plots import plot_scatter
+from partrain.validate import Report, row_config, spearman, validate
 
 EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster.toml"
 

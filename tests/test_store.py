@@ -14,13 +14,20 @@ from dataclasses import replace
 
 import pytest
 
-from partrain.predict.machine import Hardware
 from partrain.bench.runner import figures
-from partrain.bench.store import COLUMN_NAMES, COMPUTED, Outcome, Store, export_csv, export_json
+from partrain.bench.store import (
+    COLUMN_NAMES,
+    COMPUTED,
+    Outcome,
+    Store,
+    export_csv,
+    export_json,
+)
 from partrain.bench.suite import Cell
 from partrain.bench.table import results_view
 from partrain.cli import main
 from partrain.errors import PartrainError
+from partrain.predict.machine import Hardware
 
 HW = Hardware("Test CPU", 2, 8, None, 0, "gloo", "2.13.0")
 OTHER_HW = replace(HW, cpu_model="Faster CPU")

@@ -16,15 +16,21 @@ import threading
 import traceback
 
 from partrain import __version__
-from partrain.config import RunConfig, add_options, check_numbers
 from partrain.commands.args import add_model_options, model_options
-from partrain.commands.bench import add_bench_parser, add_results_parser, add_scale_parser
+from partrain.commands.bench import (
+    add_bench_parser,
+    add_results_parser,
+    add_scale_parser,
+)
 from partrain.commands.predict import add_predict_parser
 from partrain.commands.profile import add_profile_parser
 from partrain.commands.recommend import add_recommend_parser
 from partrain.commands.validate import add_validate_parser
+from partrain.config import RunConfig, add_options, check_numbers
 from partrain.errors import PartrainError
 from partrain.report import commands as report_commands
+from partrain.serve.command import add_parser as add_serve_parser
+from partrain.sweep.command import add_parser as add_sweep_parser
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
@@ -77,10 +83,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    import torch
+
     from partrain.data import dataset_spec
     from partrain.models import build_model, count_parameters, list_models
-
-    import torch
 
     spec = dataset_spec(args.dataset)
     print(f"models for {spec.name} {spec.input_shape}, {spec.num_classes} classes:")
@@ -142,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_validate_parser(sub)
     add_recommend_parser(sub)
     report_commands.add_parsers(sub)
+    add_sweep_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 

@@ -331,6 +331,20 @@ class RunConfig(Machinery, Parallelism, Job):
         return to_argv(dataclasses.asdict(self), always)
 
 
+def model_option_argv(options: dict) -> list[str]:
+    """A model's options as the command line gives them: the mlp's ``--activation`` and
+    ``--hidden 256,128``, every other as ``--model-option key=value`` (a Python literal)."""
+    argv: list[str] = []
+    for key, value in sorted(options.items()):
+        if key == "activation":
+            argv += ["--activation", str(value)]
+        elif key == "hidden" and isinstance(value, list | tuple):
+            argv += ["--hidden", ",".join(map(str, value))]
+        else:
+            argv += ["--model-option", f"{key}={value!r}"]
+    return argv
+
+
 def to_argv(values: dict, always: tuple[str, ...] = ALWAYS_IN_ARGV) -> list[str]:
     """The ``partrain train`` arguments for the fields in ``values``: every one that differs
     from its default, and the ``always`` ones. The one place a command line is written:
@@ -344,7 +358,7 @@ def to_argv(values: dict, always: tuple[str, ...] = ALWAYS_IN_ARGV) -> list[str]
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         if True:
             if name == "model_options":
-                argv += [arg for key, v in sorted(value.items()) for arg in (f"--{key.replace('_', '-')}", str(v))]
+                argv += model_option_argv(value)
                 continue
             if value == default and name not in always:
                 continue

@@ -19,12 +19,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from partrain.errors import PartrainError
-from partrain.predict.plan import Plan, candidate_plans, enumerate_plans, local_workers, threads_for
+from partrain.predict.plan import (
+    Plan,
+    candidate_plans,
+    enumerate_plans,
+    local_workers,
+    threads_for,
+)
 from partrain.predict.prediction import Prediction
 from partrain.predict.predictor import predict_plan
-from partrain.predict.profiles import HardwareProfile
+from partrain.predict.profiles import HardwareProfile, ModelProfile
 from partrain.spec import SPECS
-from partrain.predict.profiles import ModelProfile
 
 FREE_BATCH_PER_WORKER = (32, 64, 128)  # per-worker batches tried when the global batch is free
 # strategies that do not reproduce serial training -> why, in words (ranked only with --async)

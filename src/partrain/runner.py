@@ -16,7 +16,6 @@ import traceback
 from pathlib import Path
 
 import torch
-
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from partrain import checkpoint
@@ -28,7 +27,7 @@ from partrain.errors import PartrainError
 from partrain.models import build_model
 from partrain.models.check import checked_model
 from partrain.strategies.pipeline import check_pipeline
-from partrain.train import RunResult, train_worker
+from partrain.train import EpochHook, RunResult, train_worker
 
 
 def preflight(cfg: RunConfig) -> RunConfig:
@@ -98,10 +97,10 @@ def check_output_file(flag: str, path: str) -> None:
 
 
 @record
-def worker_main(cfg: RunConfig, show_progress: bool) -> RunResult | None:
+def worker_main(cfg: RunConfig, show_progress: bool, on_epoch: EpochHook | None = None) -> RunResult | None:
     """Entry point of a spawned worker: its environment says which rank it is."""
     try:
-        return train_worker(cfg, detect_launcher(), show_progress)
+        return train_worker(cfg, detect_launcher(), show_progress, on_epoch)
     except PartrainError:
         raise  # @record hands its message to the launcher, which raises it as one line
     except Exception:
@@ -109,8 +108,10 @@ def worker_main(cfg: RunConfig, show_progress: bool) -> RunResult | None:
         raise
 
 
-def run_training(cfg: RunConfig, show_progress: bool = True) -> RunResult | None:
-    """Run ``cfg``; returns rank 0's result (None on the other ranks of a launched job)."""
+def run_training(cfg: RunConfig, show_progress: bool = True, on_epoch: EpochHook | None = None) -> RunResult | None:
+    """Run ``cfg``; returns rank 0's result (None on the other ranks of a launched job).
+
+    ``on_epoch(epoch_result)`` is called on rank 0 after every epoch; True stops the run."""
     info = detect_launcher()
     if info.launched:
         if info.world_size != cfg.workers:
@@ -119,9 +120,9 @@ def run_training(cfg: RunConfig, show_progress: bool = True) -> RunResult | None
                 "leave --workers out under a launcher, or make them agree"
             )
         cfg = preflight(cfg)  # on every rank: each refuses alike, none waits for a peer that quit
-        return train_worker(cfg, info, show_progress)
+        return train_worker(cfg, info, show_progress, on_epoch)
     cfg = preflight(cfg)
     if cfg.workers == 1:
-        return train_worker(cfg, LaunchInfo("none"), show_progress)
-    results = spawn(worker_main, (cfg, show_progress), cfg.workers)
+        return train_worker(cfg, LaunchInfo("none"), show_progress, on_epoch)
+    results = spawn(worker_main, (cfg, show_progress, on_epoch), cfg.workers)
     return results[0]

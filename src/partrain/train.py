@@ -13,27 +13,37 @@ losses and accuracy are reduced once an epoch.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from partrain import __version__, checkpoint
+from partrain import __version__, checkpoint, model_file
 from partrain.config import RunConfig
 from partrain.data import load_dataset
 from partrain.distributed.context import DistContext, build_mesh
 from partrain.distributed.launch import (
-    LaunchInfo, device_for, init_process_group, keep_freed_memory, leave_process_group, set_threads,
+    LaunchInfo,
+    device_for,
+    init_process_group,
+    keep_freed_memory,
+    leave_process_group,
+    set_threads,
 )
 from partrain.errors import PartrainError
 from partrain.events import EventLog
 from partrain.models import build_model, count_parameters, model_blocks
 from partrain.progress import StepProgress
 from partrain.strategies import PARALLELIZE, Stepper
-from partrain.strategies.base import all_reduce_sum, gather_model_state, loss_fn, world_mean_losses
+from partrain.strategies.base import (
+    all_reduce_sum,
+    gather_model_state,
+    loss_fn,
+    world_mean_losses,
+)
 from partrain.strategies.partition import describe
 
 
@@ -65,6 +75,7 @@ class RunResult:
     peak_memory_bytes: int = 0  # the largest over the workers
     peak_memory_per_worker: list[int] = field(default_factory=list)
     version: str = __version__
+    stopped_early: bool = False  # an ``on_epoch`` hook asked to stop (a pruned sweep trial)
 
     @property
     def test_accuracy(self) -> float | None:
@@ -94,7 +105,13 @@ def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=g)
 
 
-def train_worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool = True) -> RunResult | None:
+# Called on rank 0 after every epoch's evaluation; returning True stops training there
+# (a hyper-parameter sweep prunes a bad trial this way). Spawned workers get it pickled.
+EpochHook = Callable[[EpochResult], bool]
+
+
+def train_worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool = True,
+                 on_epoch: EpochHook | None = None) -> RunResult | None:
     """Run ``cfg`` as the worker ``info`` describes; returns the result on rank 0."""
     keep_freed_memory()  # no page faults on every step's fresh activations
     threads = set_threads(cfg.threads, info.local_world_size, announce=show_progress and info.rank == 0)
@@ -102,7 +119,7 @@ def train_worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool = True) -
     try:
         device = device_for(backend, info)
         ctx = DistContext(info, backend, device, cfg.dims, build_mesh(cfg.dims, device), EventLog(cfg.events, info.rank))
-        result = _train(cfg, ctx, threads, show_progress and info.rank == 0)
+        result = _train(cfg, ctx, threads, show_progress and info.rank == 0, on_epoch)
         # rank 0 also records the plan as it ran (dims and stage cut resolved): `partrain trace` simulates it
         ctx.events.write({"config": cfg.to_dict(), "pp": cfg.dims.pp, "dp": cfg.dims.dp, "world_size": ctx.world_size,
                           "microbatches": cfg.num_microbatches if cfg.pipeline_schedule else None,
@@ -112,7 +129,7 @@ def train_worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool = True) -
         leave_process_group()
 
 
-def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool) -> RunResult:
+def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, on_epoch: EpochHook | None = None) -> RunResult:
     # --- data: every worker reads the same files; each loads only its rows of a batch
     data = dict(data_dir=cfg.data_dir, synthetic=cfg.synthetic, seed=cfg.seed)
     train_set = load_dataset(cfg.dataset, "train", limit=cfg.limit, **data)
@@ -175,19 +192,22 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool) 
                     "epochs": [asdict(e) for e in result.epochs],
                 }
                 checkpoint.save(cfg.checkpoint, stepper, ctx.rank, position, meta)
+            if on_epoch is not None and _stop_requested(on_epoch, ep, ctx):
+                result.stopped_early = True
+                break
     result.peak_memory_per_worker = _gather_ints(peak_memory_bytes(ctx.device))
     result.peak_memory_bytes = max(result.peak_memory_per_worker)
     if cfg.save_model:
         state = gather_model_state(model, stepper, ctx.dp_rank)
         if ctx.rank == 0:
-            _save_atomic(state, cfg.save_model)
+            model_file.save(cfg.save_model, cfg.model, cfg.dataset, cfg.model_options, state)
     return result
 
 
-def _save_atomic(obj, path: str) -> None:
-    tmp = f"{path}.tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def _stop_requested(on_epoch: EpochHook, ep: EpochResult, ctx: DistContext) -> bool:
+    """Rank 0 asks the hook; every rank learns the answer (one 1-element allreduce an epoch)."""
+    stop = bool(on_epoch(ep)) if ctx.rank == 0 else False
+    return all_reduce_sum(torch.tensor([float(stop)]), ctx.device).item() > 0
 
 
 def _gather_ints(value: int) -> list[int]:

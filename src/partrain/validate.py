@@ -28,12 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from partrain.config import RunConfig
-from partrain.recommend import ASYNCHRONOUS
 from partrain.predict.plan import Plan
 from partrain.predict.prediction import Prediction
 from partrain.predict.predictor import predict_plan
-from partrain.predict.profiles import HardwareProfile
-from partrain.predict.profiles import ModelProfile
+from partrain.predict.profiles import HardwareProfile, ModelProfile
+from partrain.recommend import ASYNCHRONOUS
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(RunConfig)}
 

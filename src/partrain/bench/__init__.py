@@ -10,10 +10,10 @@ subprocesses, ``store`` keeps them in SQLite, ``hardware`` fingerprints the mach
 ``scaling`` builds and plots the batch-size, learning-rate, strong and weak scaling studies.
 """
 
-from partrain.predict.machine import Hardware, fingerprint
 from partrain.bench.runner import run_cells, run_suite
 from partrain.bench.store import Store, default_store_path
 from partrain.bench.suite import Cell, Suite, builtin_suite, load_suite
+from partrain.predict.machine import Hardware, fingerprint
 
 __all__ = [
     "Cell", "Hardware", "Store", "Suite", "builtin_suite", "default_store_path", "fingerprint", "load_suite",

@@ -45,13 +45,13 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from partrain.predict.machine import fingerprint, git_commit
 from partrain.bench.store import Outcome, Store
 from partrain.bench.suite import Cell, Suite
 from partrain.config import RunConfig
 from partrain.data import dataset_spec
 from partrain.distributed.spawn import child_env, die_with_parent, python_command
 from partrain.errors import PartrainError
+from partrain.predict.machine import fingerprint, git_commit
 from partrain.runner import preflight
 
 POLL_S = 0.5  # how often a running cell is checked for exit and timeout, and the bar redrawn

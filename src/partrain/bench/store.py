@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import IO
 
 from partrain import __version__
-from partrain.predict.machine import Hardware
 from partrain.bench.suite import Cell
 from partrain.errors import PartrainError
+from partrain.predict.machine import Hardware
 
 STORE_ENV = "PARTRAIN_STORE"
 DEFAULT_STORE = Path("~/.partrain/results.sqlite")

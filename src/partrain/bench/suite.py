@@ -45,10 +45,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from partrain.config import RunConfig
-from partrain.spec import SPECS
 from partrain.data import dataset_spec
 from partrain.errors import PartrainError
 from partrain.models import list_models
+from partrain.spec import SPECS
 
 # The quick suite: a few minutes on a 2-core laptop. suites/quick.toml is the same suite as a
 # file (a test keeps the two equal), the example to copy for your own.

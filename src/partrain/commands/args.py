@@ -52,10 +52,12 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
     group = next((g for g in p._action_groups if g.title == "model and data"), p)
     group.add_argument("--activation", choices=["relu", "sigmoid"], help="hidden activation of the mlp (default: relu)")
+    group.add_argument("--hidden", type=int_list, help="mlp: hidden layer widths, e.g. 256,128 (default: 256,128)")
     add_model_option_arg(group)
 
 
 def model_options(args: argparse.Namespace) -> dict:
     from partrain.models.options import model_options as given
 
-    return given(args)
+    hidden = getattr(args, "hidden", None)
+    return {**given(args), **({"hidden": hidden} if hidden else {})}

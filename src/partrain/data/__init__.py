@@ -10,7 +10,12 @@ The data directory is ``--data-dir``, else ``$PARTRAIN_DATA_DIR``, else ``~/.par
 """
 
 from partrain.data.dataset import ArrayDataset, BaseDataset
-from partrain.data.load import DATA_DIR_ENV, DEFAULT_DATA_DIR, load_dataset, resolve_data_dir
+from partrain.data.load import (
+    DATA_DIR_ENV,
+    DEFAULT_DATA_DIR,
+    load_dataset,
+    resolve_data_dir,
+)
 from partrain.data.spec import DatasetSpec, dataset_spec, list_datasets
 from partrain.data.synthetic import SyntheticDataset
 

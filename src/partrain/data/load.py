@@ -94,10 +94,15 @@ def load_dataset(name: str, split: str = "train", *, data_dir: str | os.PathLike
         images, labels = _read_idx_dataset(spec, root, split)
     pixels = torch.from_numpy(np.array(images[:limit], order="C"))  # a writable copy, only of what is kept
     labels = torch.from_numpy(labels[:limit].astype(np.int64))
-    if spec.name == "ocr-letters":  # binary pixels, 21% ink: standardized like the others
-        return ArrayDataset(spec, split, pixels, labels, mean=(0.21,), std=(0.41,))
-    mean, std = _STATS[spec.name]
-    return ArrayDataset(spec, split, pixels, labels, scale=1 / 255, mean=mean, std=std)
+    scale, mean, std = normalization(spec.name)
+    return ArrayDataset(spec, split, pixels, labels, scale=scale, mean=mean, std=std)
+
+
+def normalization(name: str) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
+    """(scale, mean, std) a stored pixel goes through: ``(pixel * scale - mean) / std``."""
+    if name == "ocr-letters":  # binary pixels, 21% ink: standardized like the others
+        return 1.0, (0.21,), (0.41,)
+    return 1 / 255, *_STATS[name]
 
 
 def _read_idx_dataset(spec: DatasetSpec, root: Path, split: str) -> tuple[np.ndarray, np.ndarray]:

@@ -55,7 +55,10 @@ _SPECS = {
 
 
 def dataset_spec(name: str) -> DatasetSpec:
-    from partrain.data.tokens import is_token_dataset, token_spec  # tokens.py builds on DatasetSpec
+    from partrain.data.tokens import (  # tokens.py builds on DatasetSpec
+        is_token_dataset,
+        token_spec,
+    )
 
     if is_token_dataset(name):
         return token_spec(name)

@@ -4,6 +4,11 @@ Every zoo model is an ``nn.Sequential`` whose named top-level children are the b
 pipeline cuts into stages; ``model_blocks`` returns them for any model.
 """
 
-from partrain.models.registry import build_model, count_parameters, list_models, model_blocks
+from partrain.models.registry import (
+    build_model,
+    count_parameters,
+    list_models,
+    model_blocks,
+)
 
 __all__ = ["build_model", "count_parameters", "list_models", "model_blocks"]

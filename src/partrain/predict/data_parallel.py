@@ -5,9 +5,20 @@ from __future__ import annotations
 
 from partrain.predict import compute
 from partrain.predict.comm import collective_time
-from partrain.predict.memory import MemoryBreakdown, activation_bytes, block_input_bytes, stage_state, transient_bytes
+from partrain.predict.memory import (
+    MemoryBreakdown,
+    activation_bytes,
+    block_input_bytes,
+    stage_state,
+    transient_bytes,
+)
 from partrain.predict.plan import MB, Plan
-from partrain.predict.prediction import Prediction, _baseline, _env, _steps_per_epoch
+from partrain.predict.prediction import (
+    Prediction,
+    _baseline,
+    _steps_per_epoch,
+    environment,
+)
 from partrain.predict.profiles import HardwareProfile, ModelProfile
 
 
@@ -43,7 +54,7 @@ def overlapped_allreduce(ready_s: list[float], comm_s: list[float], backward_s: 
 
 
 def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Prediction:
-    env = _env(hw, plan)
+    env = environment(hw, plan)
     dp, b = plan.dp, plan.batch_size / plan.dp
     slow = env.slowdown(env.local_workers)
     kind = compute.optimizer_kind(plan.optimizer, plan.momentum)

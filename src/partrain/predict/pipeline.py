@@ -6,10 +6,28 @@ from __future__ import annotations
 from partrain.predict import compute
 from partrain.predict.comm import collective_time, stage_transfer_time
 from partrain.predict.cut import balanced_bounds, bounds_from_split_points
-from partrain.predict.memory import MemoryBreakdown, activation_bytes, block_input_bytes, stage_state, transient_bytes
-from partrain.predict.pipeline_sim import PipelineCosts, SimResult, StepWork, schedule_order, simulate
+from partrain.predict.memory import (
+    MemoryBreakdown,
+    activation_bytes,
+    block_input_bytes,
+    stage_state,
+    transient_bytes,
+)
+from partrain.predict.pipeline_sim import (
+    PipelineCosts,
+    SimResult,
+    StepWork,
+    schedule_order,
+    simulate,
+)
 from partrain.predict.plan import Plan
-from partrain.predict.prediction import Prediction, _baseline, _Env, _env, _steps_per_epoch
+from partrain.predict.prediction import (
+    Env,
+    Prediction,
+    _baseline,
+    _steps_per_epoch,
+    environment,
+)
 from partrain.predict.profiles import HardwareProfile, ModelProfile
 
 
@@ -27,7 +45,7 @@ def _microbatch(plan: Plan) -> float:
     return plan.batch_size / plan.dp / plan.microbatches
 
 
-def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, bounds, env: _Env) -> PipelineCosts:
+def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, bounds, env: Env) -> PipelineCosts:
     """Per-stage compute, boundary transfers, and each rank's work around the schedule."""
     b = _microbatch(plan)
     fwd, bwd = compute.stage_times(profile, bounds, b, plan.recompute)
@@ -69,7 +87,7 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
 def simulate_plan(profile: ModelProfile, hw: HardwareProfile, plan: Plan, transfers: bool = True) -> SimResult:
     """The event simulation of ``plan``'s schedule over its measured stage costs: what the
     prediction is made of, and what a timeline draws beside the measured one."""
-    env = _env(hw, plan)
+    env = environment(hw, plan)
     costs = _pipeline_costs(profile, hw, plan, stage_bounds(profile, plan), env)
     orders = schedule_order(plan.schedule or "gpipe", plan.pp, plan.microbatches, plan.stages_per_worker)
     # k actions of the simulated timeline computing at once are k busy workers on each of its dp

@@ -62,7 +62,7 @@ class Prediction:
 
 
 @dataclass(frozen=True)
-class _Env:
+class Env:
     """Where a plan runs: threads, contention, speed."""
 
     threads: int
@@ -88,9 +88,9 @@ class _Env:
         return self.sharing_slowdown(busy_workers_per_node) / self.speed
 
 
-def _env(hw: HardwareProfile, plan: Plan) -> _Env:
+def environment(hw: HardwareProfile, plan: Plan) -> Env:
     local, threads = local_workers(plan.workers, hw), threads_for(plan.workers, hw, plan.threads)
-    return _Env(threads, local, math.ceil(plan.workers / local), hw.cores_per_node, hw.compute_speed,
+    return Env(threads, local, math.ceil(plan.workers / local), hw.cores_per_node, hw.compute_speed,
                 hw.compute_sharing, hw.sync_s.get(local, 0.0) if plan.workers > 1 else 0.0)
 
 

@@ -14,16 +14,27 @@ import dataclasses
 
 from partrain.predict import compute
 from partrain.predict.data_parallel import _data_parallel
-from partrain.predict.memory import MemoryBreakdown, activation_bytes, block_input_bytes, stage_state, transient_bytes
+from partrain.predict.memory import (
+    MemoryBreakdown,
+    activation_bytes,
+    block_input_bytes,
+    stage_state,
+    transient_bytes,
+)
 from partrain.predict.pipeline import _pipeline
 from partrain.predict.plan import Plan
-from partrain.predict.prediction import Prediction, _baseline, _env, _steps_per_epoch
+from partrain.predict.prediction import (
+    Prediction,
+    _baseline,
+    _steps_per_epoch,
+    environment,
+)
 from partrain.predict.profiles import HardwareProfile, ModelProfile
 
 
 def _serial(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Prediction:
     """The measured serial step, interpolated to the batch size (the thesis's sequential model)."""
-    env = _env(hw, plan)
+    env = environment(hw, plan)
     slow = env.slowdown(1)
     b = plan.batch_size
     kind = compute.optimizer_kind(plan.optimizer, plan.momentum)
@@ -47,7 +58,7 @@ def predict_plan(profile: ModelProfile, hardware: HardwareProfile, plan: Plan) -
         pred = _pipeline(profile, hardware, plan)
     else:
         pred = _data_parallel(profile, hardware, plan)
-    threads = _env(hardware, plan).threads
+    threads = environment(hardware, plan).threads
     if threads != profile.threads:
         note = f"model profiled with {profile.threads} threads per worker, plan runs {threads}"
         pred = dataclasses.replace(pred, notes=(*pred.notes, note))

@@ -17,15 +17,19 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from partrain.progress import phase
 from partrain.errors import PartrainError
 from partrain.predict.fits import CostFit, default_sizes, fit_cost
 from partrain.predict.machine import fingerprint as machine
 from partrain.predict.pipeline_sim import PipelineCosts, schedule_order, simulate
 from partrain.predict.profiles import HardwareProfile
 from partrain.profile.collectives import (
-    background_load, measure_collectives, measure_compute_sharing, measure_pipeline_action, measure_pipeline_hops,
+    background_load,
+    measure_collectives,
+    measure_compute_sharing,
+    measure_pipeline_action,
+    measure_pipeline_hops,
 )
+from partrain.progress import phase
 
 # ---- measuring this machine ---------------------------------------------------------------
 
@@ -59,7 +63,11 @@ def _tier_plans(world: int, local: int) -> list[tuple[str, int, list[list[int]],
 def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict | None:
     """One worker of ``profile --hardware``; rank 0 returns the measurements."""
     from partrain.distributed.launch import (
-        detect_launcher, device_for, init_process_group, keep_freed_memory, leave_process_group,
+        detect_launcher,
+        device_for,
+        init_process_group,
+        keep_freed_memory,
+        leave_process_group,
     )
 
     keep_freed_memory()  # as a training worker does

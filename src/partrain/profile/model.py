@@ -51,7 +51,9 @@ from partrain.predict.machine import fingerprint
 from partrain.predict.profiles import BlockProfile, ModelProfile
 from partrain.progress import phase
 from partrain.spec import SPECS
-from partrain.strategies.base import loss_fn  # class or per-token cross-entropy, as training scores it
+from partrain.strategies.base import (
+    loss_fn,  # class or per-token cross-entropy, as training scores it
+)
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
 MIN_REPEATS, MAX_REPEATS, TARGET_S = 3, 50, 0.25  # timed runs per measurement: at least 3, about 0.25 s

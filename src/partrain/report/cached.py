@@ -21,8 +21,8 @@ class Missing(Exception):
 def model_profile(model: str, dataset: str, needed: list[float], threads: int, synthetic: bool, options: dict,
                   profile_dir: str | None):
     from partrain.predict.plan import profile_batch_sizes
-    from partrain.profile.cache import profile_dir as directory
     from partrain.predict.profiles import ModelProfile
+    from partrain.profile.cache import profile_dir as directory
     from partrain.profile.cache import profile_path
 
     path = profile_path(directory(profile_dir), model, dataset, profile_batch_sizes(needed), threads, synthetic, options)
@@ -49,8 +49,8 @@ def hardware(workers: int, profile_dir: str | None):
 
 def validation(rows: list[dict], profile_dir: str | None):
     """``predict.validate.Report`` over the cells whose profiles are cached, and what is missing."""
-    from partrain.validate import Report, validate
     from partrain.profile.cache import fingerprint
+    from partrain.validate import Report, validate
 
     def profile_for(cfg, needed):
         profile = model_profile(cfg.model, cfg.dataset, needed, cfg.threads or 1, cfg.synthetic, cfg.model_options,

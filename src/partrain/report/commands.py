@@ -13,7 +13,6 @@ from pathlib import Path
 
 from partrain.errors import PartrainError
 
-
 PROFILE_DIR_HELP = "profile cache directory (default: $PARTRAIN_PROFILE_DIR, else ~/.partrain/profiles)"
 
 
@@ -92,7 +91,12 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def write_outputs(events: str, output: str, args: argparse.Namespace) -> None:
     from partrain.report.gantt import write_gantt
     from partrain.report.timeline_html import timeline_page
-    from partrain.report.trace import chrome_trace, measured_timeline, write_atomic, write_trace
+    from partrain.report.trace import (
+        chrome_trace,
+        measured_timeline,
+        write_atomic,
+        write_trace,
+    )
 
     timeline = measured_timeline(events)
     if args.predicted:
@@ -110,10 +114,9 @@ def write_outputs(events: str, output: str, args: argparse.Namespace) -> None:
 
 def add_prediction(timeline, cluster: str | None, profile_dir: str | None) -> None:
     """The predicted process, from cached profiles or new ones (announced on stderr)."""
-    from partrain.predict.plan import profile_batch_sizes
     from partrain.predict.cluster import load_cluster
-    from partrain.profile.cache import hardware_for
-    from partrain.profile.cache import load_or_profile
+    from partrain.predict.plan import profile_batch_sizes
+    from partrain.profile.cache import hardware_for, load_or_profile
     from partrain.report.trace import add_predicted, run_plan
 
     plan, cfg = run_plan(timeline.meta)

@@ -13,8 +13,12 @@ import torch
 import torch.nn as nn
 
 from partrain.errors import PartrainError
-from partrain.predict.cut import Partition, balanced_bounds, bounds_from_split_points
-from partrain.predict.cut import pipeline_refusal  # noqa: F401  (runner.py asks here)
+from partrain.predict.cut import (
+    Partition,
+    balanced_bounds,
+    bounds_from_split_points,
+    pipeline_refusal,  # noqa: F401  (runner.py asks here)
+)
 
 
 def param_costs(blocks: list[nn.Module]) -> list[float]:

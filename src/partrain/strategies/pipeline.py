@@ -32,16 +32,21 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
 from torch.utils.checkpoint import checkpoint
 
 from partrain.config import RunConfig
 from partrain.distributed.context import DistContext
+from partrain.errors import PartrainError
 from partrain.events import EventLog
 from partrain.strategies.base import Stepper, loss_fn, make_optimizer, shard_rows
 from partrain.strategies.boundary import Stage, probe_boundaries, stage_examples
-from partrain.errors import PartrainError
 from partrain.strategies.partition import Partition, partition, pipeline_refusal
 from partrain.strategies.tied import sum_tied_gradients, tied_groups
 

@@ -29,7 +29,11 @@ from torch.distributed.pipelining import SplitPoint, pipeline
 from torch.distributed.pipelining.stage import _PipelineStage
 
 from partrain.errors import PartrainError
-from partrain.strategies.partition import Partition, balanced_bounds, bounds_from_split_points
+from partrain.strategies.partition import (
+    Partition,
+    balanced_bounds,
+    bounds_from_split_points,
+)
 from partrain.strategies.pipeline import PipelineStepper, SpanStage, build_stepper
 from partrain.strategies.tied import tied_groups
 

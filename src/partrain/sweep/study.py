@@ -1,0 +1,325 @@
+"""The sweep's Optuna study, and the loop one slot runs: ask, train, tell, until N are finished.
+
+The study lives in Optuna's database storage (an SQLite file by default; any SQLAlchemy URL,
+e.g. postgresql://host/db, lets slots on many machines share it). A slot is one process that
+runs trials one after another, each trial ``k``-way data parallel; ``W / k`` slots run side by side.
+
+"N trials" counts trials that reached a verdict: COMPLETE, PRUNED, or FAIL because the
+training itself raised (its error is kept). A trial interrupted by a kill never reaches one:
+it stays RUNNING in the storage. It is reclaimed -- marked FAIL and queued again with the
+same parameters (Optuna's RetryHeartbeatStaleTrialCallback) -- at once when its slot ran on
+this host and that process is gone, else when its heartbeat is older than the grace period.
+So a killed sweep, run again, reruns what was interrupted, keeps what finished, and counts
+nothing twice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+import warnings
+from dataclasses import dataclass
+
+from partrain.config import RunConfig
+from partrain.distributed.spawn import die_with_parent
+from partrain.errors import PartrainError
+from partrain.sweep.space import Dimension, trial_config
+
+HEARTBEAT_S = 10  # each running trial writes a heartbeat this often (one small UPDATE)
+GRACE_S = 30  # a trial of another host whose heartbeat is older than this is stale
+POLL_S = 2.0  # how often a slot with nothing to start checks on trials in flight elsewhere
+
+
+@dataclass
+class SweepSettings:
+    """Everything a slot needs, picklable: it is handed to spawned slot processes."""
+
+    storage: str
+    study: str
+    trials: int
+    dims: list[Dimension]
+    base: RunConfig
+    sampler: str = "tpe"
+    seed: int = 0
+    prune: bool = True
+    grid_points: int = 3
+    quiet: bool = True
+    slot: int = 0
+    trials_before: int = 0  # trials in the study when this run started: a resumed sweep draws anew
+
+    @property
+    def sampler_seed(self) -> int:
+        """Fixed by --seed for a fresh sweep; different per slot (else slots draw alike) and per
+        resume (else a rerun slot draws the same values again)."""
+        return (self.seed * 1_000_003 + self.trials_before * 1009 + self.slot) % 2**31
+
+
+def storage_url(storage: str | None, study: str) -> str:
+    """A database URL; a plain path is an SQLite file; none is ``<study>.sqlite3`` here."""
+    if not storage:
+        storage = f"{study}.sqlite3"
+    return storage if "://" in storage else f"sqlite:///{os.path.abspath(storage)}"
+
+
+def _storage(url: str):
+    import optuna
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+    # SQLite: wait up to 60 s for another slot's write lock instead of failing at once
+    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        try:
+            return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback())
+        except Exception as err:  # noqa: BLE001 - a bad URL, a missing driver, a server that is down: one line
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise PartrainError(f"cannot open the study storage {url} ({reason}): give --storage a file name "
+                                "or a database URL whose driver is installed, e.g. postgresql://host/db") from None
+
+
+def sampler_for(settings: SweepSettings):
+    import optuna
+
+    if settings.sampler == "grid":  # the points are queued in the study (enqueue_grid); this draws none
+        return optuna.samplers.RandomSampler(seed=settings.sampler_seed)
+    if settings.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=settings.sampler_seed)
+    if settings.sampler == "tpe":
+        # constant_liar: trials running in other slots count as bad guesses, so slots spread out
+        return optuna.samplers.TPESampler(seed=settings.sampler_seed, constant_liar=True, n_startup_trials=4)
+    raise PartrainError(f"unknown --sampler {settings.sampler!r}: choose grid, random or tpe")
+
+
+def pruner_for(settings: SweepSettings):
+    """Median rule (Golovin et al. 2017, Google Vizier): stop a trial whose accuracy after an
+    epoch is below the median of earlier trials' at that epoch; never before 4 trials finished."""
+    import optuna
+
+    if not settings.prune:
+        return optuna.pruners.NopPruner()
+    return optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=0)
+
+
+def open_study(settings: SweepSettings, create: bool = False):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = _storage(settings.storage)
+    kwargs = dict(study_name=settings.study, storage=storage, sampler=sampler_for(settings), pruner=pruner_for(settings))
+    if create:
+        study = optuna.create_study(direction="maximize", load_if_exists=True, **kwargs)
+        _check_same_sweep(study, settings)
+        return study
+    return optuna.load_study(**kwargs)
+
+
+def _space_key(settings: SweepSettings) -> str:
+    return ";".join(f"{d.name}={d.spec()}" for d in settings.dims) + f"|{settings.base.model}/{settings.base.dataset}"
+
+
+def _check_same_sweep(study, settings: SweepSettings) -> None:
+    """A study resumed with another space or model would mix incomparable trials: refuse."""
+    key = _space_key(settings)
+    saved = study.user_attrs.get("partrain_space")
+    if saved is None:
+        study.set_user_attr("partrain_space", key)
+    elif saved != key:
+        raise PartrainError(f"study {settings.study!r} in {settings.storage} searches {saved}, not {key}: "
+                            "resume it with the same --space, --model and --dataset, or name a new --study")
+
+
+def grid_points(settings: SweepSettings) -> list[dict]:
+    """Every point of the grid, in an order shuffled by --seed (so N < all visits a random subset)."""
+    import itertools
+    import random
+
+    names = [d.name for d in settings.dims]
+    points = [dict(zip(names, values)) for values in itertools.product(*(d.grid(settings.grid_points) for d in settings.dims))]
+    random.Random(settings.seed).shuffle(points)
+    return points
+
+
+def enqueue_grid(study, settings: SweepSettings) -> int:
+    """Queue the grid points the study has not got yet as WAITING trials. A slot's ``ask``
+    takes a waiting trial atomically, so slots side by side never draw the same point
+    (Optuna's GridSampler can, when two ask at once). Returns how many were queued."""
+    from optuna.trial import TrialState
+
+    def key(params: dict) -> tuple:
+        return tuple(sorted(params.items()))
+
+    have = {key(t.system_attrs.get("fixed_params") or t.params) for t in study.get_trials(deepcopy=False)
+            if t.state != TrialState.FAIL or "error" in t.user_attrs}
+    todo = [p for p in grid_points(settings) if key(p) not in have]
+    for point in todo:
+        study.enqueue_trial(point, skip_if_exists=False)
+    return len(todo)
+
+
+# ---- counting and reclaiming ------------------------------------------------------------------
+
+
+def has_verdict(t) -> bool:
+    from optuna.trial import TrialState
+
+    return t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (t.state == TrialState.FAIL and "error" in t.user_attrs)
+
+
+def counts(study) -> tuple[int, int]:
+    """(trials with a verdict, trials running now)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    return sum(map(has_verdict, trials)), sum(t.state == TrialState.RUNNING for t in trials)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reclaim_interrupted(study, failed_too: bool = False) -> int:
+    """Fail and requeue this host's RUNNING trials whose slot process is gone, and every
+    trial whose heartbeat went stale (Optuna's own check, for other hosts). With
+    ``failed_too`` (the sweep's start, one process) also requeue trials that failed without
+    a verdict and were never run again: a Ctrl-C marks its trials FAIL. Returns how many."""
+    import optuna
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+    from optuna.trial import TrialState
+
+    storage, host, n = study._storage, socket.gethostname(), 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retry = RetryHeartbeatStaleTrialCallback()
+    trials = study.get_trials(deepcopy=False)
+    for t in trials:
+        if t.state == TrialState.RUNNING and t.user_attrs.get("host") == host and "pid" in t.user_attrs \
+                and not _alive(t.user_attrs["pid"]):
+            try:  # atomic: of several slots reclaiming at once, one succeeds
+                storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+            except UpdateFinishedTrialError:
+                continue
+            retry(study, storage.get_trial(t._trial_id))
+            n += 1
+    if failed_too:
+        retried = {number for t in trials for number in t.system_attrs.get("retry_history", [])}
+        for t in trials:
+            if t.state == TrialState.FAIL and not {"error", "surplus"} & t.user_attrs.keys() and t.number not in retried:
+                retry(study, t)
+                n += 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    return n
+
+
+def _is_surplus(study, number: int, wanted: int) -> bool:
+    """True when ``wanted`` earlier trials are finished or running: two slots asked at once
+    for the last trial, and this one came second."""
+    from optuna.trial import TrialState
+
+    earlier = [t for t in study.get_trials(deepcopy=False) if t.number < number]
+    return sum(has_verdict(t) or t.state == TrialState.RUNNING for t in earlier) >= wanted
+
+
+# ---- one trial --------------------------------------------------------------------------------
+
+
+class EpochReporter:
+    """The training loop's ``on_epoch`` hook: report the epoch's test accuracy to the trial and
+    answer whether the pruner stops it. Picklable: a k-way trial's rank 0 is another process,
+    which opens the storage itself."""
+
+    def __init__(self, settings: SweepSettings, trial_id: int, trial=None, epochs: int | None = None):
+        self.settings, self.trial_id, self._trial, self.epochs = settings, trial_id, trial, epochs
+
+    def __getstate__(self):
+        return {**self.__dict__, "_trial": None}
+
+    def __call__(self, ep) -> bool:
+        import optuna
+
+        if self._trial is None:
+            self._trial = optuna.Trial(open_study(self.settings), self.trial_id)
+        accuracy = ep.test_accuracy if ep.test_accuracy is not None else -ep.train_loss
+        self._trial.report(accuracy, ep.epoch)
+        if self.epochs is not None and ep.epoch >= self.epochs:
+            return False  # the trial's last epoch: it is complete, not pruned
+        return bool(self._trial.should_prune())
+
+
+class TrialError(Exception):
+    """A trial whose training raised a PartrainError: recorded as FAIL with its reason."""
+
+
+class Surplus(Exception):
+    """A trial asked for after N were already under way."""
+
+
+def objective(settings: SweepSettings, study):
+    import optuna
+
+    from partrain.runner import run_training
+
+    def run(trial) -> float:
+        trial.set_user_attr("host", socket.gethostname())
+        trial.set_user_attr("pid", os.getpid())
+        params = {d.name: d.suggest(trial) for d in settings.dims}
+        if _is_surplus(study, trial.number, settings.trials):
+            trial.set_user_attr("surplus", True)
+            if settings.sampler == "grid":
+                study.enqueue_trial(params)  # the point goes back in the queue, not lost
+            study.stop()
+            raise Surplus()
+        try:
+            cfg = trial_config(settings.base, params)
+            start = time.perf_counter()
+            result = run_training(cfg, show_progress=False, on_epoch=EpochReporter(settings, trial._trial_id, trial, cfg.epochs))
+        except PartrainError as err:
+            trial.set_user_attr("error", str(err))
+            raise TrialError(str(err)) from None
+        trial.set_user_attr("seconds", time.perf_counter() - start)
+        trial.set_user_attr("steps", len(result.step_losses))
+        trial.set_user_attr("seconds_per_step", result.summary()["seconds_per_step"])  # median, rank 0
+        if result.stopped_early:
+            raise optuna.TrialPruned()
+        return result.test_accuracy if result.test_accuracy is not None else -result.step_losses[-1]
+
+    return run
+
+
+def run_slot(settings: SweepSettings) -> int:
+    """One slot's loop: trials one after another until the study has ``settings.trials``
+    verdicts; waits while the last ones run elsewhere. Returns the trials this slot ran."""
+    study = open_study(settings)
+    ran = 0
+    while True:
+        reclaim_interrupted(study)
+        done, running = counts(study)
+        if done >= settings.trials:
+            return ran
+        if done + running >= settings.trials:  # the rest are under way in other slots
+            time.sleep(POLL_S)
+            continue
+        study.optimize(objective(settings, study), n_trials=1, catch=(TrialError, Surplus))
+        ran += 1
+
+
+def slot_main(settings: SweepSettings) -> int:
+    """Entry point of a spawned slot: die with the sweep that started it (Linux), so a killed
+    sweep leaves no slot behind to race the next one."""
+    die_with_parent(signal.SIGKILL)
+    if settings.base.threads:
+        import torch
+
+        torch.set_num_threads(settings.base.threads)
+    return run_slot(settings)

@@ -1,0 +1,310 @@
+"""partrain sweep: the space, the train hook it prunes through, resuming a killed sweep, the plan."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from partrain.cli import build_parser, config_from_args, main
+from partrain.config import RunConfig
+from partrain.errors import PartrainError
+from partrain.predict.cluster import load_cluster
+from partrain.profile.cache import load_or_profile
+from partrain.runner import run_training
+from partrain.sweep.plan import plan_sweep, profile_sizes, sample_configs
+from partrain.sweep.space import (
+    check_divisible,
+    parse_dimension,
+    parse_space,
+    train_command,
+    trial_config,
+)
+from partrain.sweep.study import EpochReporter, SweepSettings, open_study, storage_url
+
+optuna = pytest.importorskip("optuna")
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--limit", "256", "--eval-limit", "128"]
+
+
+# ---- the space -------------------------------------------------------------------------------
+
+
+def test_ranges_choices_and_grids():
+    lr = parse_dimension("lr=1e-3..1e-1:log")
+    assert (lr.low, lr.high, lr.log, lr.integer) == (1e-3, 1e-1, True, False)
+    assert lr.grid(3) == pytest.approx([1e-3, 1e-2, 1e-1])
+    depth = parse_dimension("depth")  # a bare name takes its default range
+    assert depth.integer and depth.grid(3) == [1, 2, 3]
+    batch = parse_dimension("batch-size=32,64")
+    assert batch.name == "batch_size" and batch.choices == (32, 64) and batch.grid(5) == [32, 64]
+    assert parse_dimension("optimizer=sgd,adam").choices == ("sgd", "adam")
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("colour=red", "cannot search 'colour'"),
+    ("lr=0.1..0.01", "LOW < HIGH"),
+    ("lr=0..1:log", "LOW > 0"),
+    ("momentum=0.5,1.2", "[0, 1)"),
+    ("optimizer=sgd,rmsprop", "'rmsprop' is not one of"),
+    ("batch_size=32,6.5", "positive integers"),
+])
+def test_a_bad_space_is_one_clear_error(entry, message):
+    with pytest.raises(PartrainError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        parse_dimension(entry)
+
+
+def test_shape_options_only_for_the_mlp_and_batches_must_split_over_k():
+    assert [d.name for d in parse_space(None, "mlp")] == ["lr", "batch_size", "momentum", "epochs", "width", "depth"]
+    assert "width" not in [d.name for d in parse_space(None, "cnn")]
+    with pytest.raises(PartrainError, match="does not take them"):
+        parse_space(["width"], "cnn")
+    with pytest.raises(PartrainError, match="batch size 30 does not split over --per-trial 4"):
+        check_divisible(parse_space(["batch_size=32,30"], "mlp"), RunConfig(), 4)
+
+
+def test_the_printed_command_parses_back_to_the_trial_config():
+    base = RunConfig(limit=256, eval_limit=128, threads=1, strategy="ddp", workers=2, data_dir="/d")
+    cfg = trial_config(base, {"lr": 0.0123456789, "batch_size": 32, "epochs": 2, "width": 48, "depth": 3,
+                              "optimizer": "adam", "momentum": 0.7})
+    assert cfg.model_options["hidden"] == [48, 48, 48]
+    argv = shlex.split(train_command(cfg))
+    assert argv[:2] == ["partrain", "train"]
+    parsed = config_from_args(build_parser().parse_args(argv[1:]))
+    assert parsed == cfg  # every value, the float lr to the last digit
+
+
+# ---- the hook the sweep prunes through ---------------------------------------------------------
+
+
+class StopAfter:
+    """An on_epoch hook (module level: spawned workers unpickle it)."""
+
+    def __init__(self, epochs: int):
+        self.epochs = epochs
+
+    def __call__(self, ep) -> bool:
+        return ep.epoch >= self.epochs
+
+
+@pytest.mark.parametrize("strategy, workers", [("serial", 1), pytest.param("ddp", 2, marks=pytest.mark.multiproc)])
+def test_on_epoch_hook_stops_every_rank_after_the_epoch_it_says(data_dir, strategy, workers):
+    cfg = RunConfig(data_dir=str(data_dir), epochs=3, limit=128, eval_limit=64, batch_size=32, strategy=strategy,
+                    workers=workers, threads=1, timeout_s=60)
+    result = run_training(cfg, show_progress=False, on_epoch=StopAfter(2))
+    assert result.stopped_early and [e.epoch for e in result.epochs] == [1, 2]
+    assert len(result.step_losses) == 2 * 128 // 32 and result.epochs[-1].test_accuracy is not None
+    full = run_training(cfg, show_progress=False, on_epoch=StopAfter(5))
+    assert not full.stopped_early and len(full.epochs) == 3
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat")
+def test_the_reporter_prunes_a_trial_below_the_median_even_unpickled(tmp_path):
+    settings = SweepSettings(storage_url(str(tmp_path / "s.db"), "s"), "s", 8, parse_space(["lr"], "mlp"), RunConfig())
+    study = open_study(settings, create=True)
+    for acc in (0.90, 0.91, 0.92, 0.93):  # four finished trials: the pruner's start-up
+        trial = study.ask()
+        trial.report(acc, 1)
+        study.tell(trial, acc)
+    good, bad = study.ask(), study.ask()
+    from partrain.train import EpochResult
+
+    epoch = lambda acc: EpochResult(1, 10, 0.5, 1.0, 100.0, 0.3, acc)  # noqa: E731
+    assert pickle.loads(pickle.dumps(EpochReporter(settings, bad._trial_id, bad)))(epoch(0.10)) is True
+    assert EpochReporter(settings, good._trial_id, good)(epoch(0.95)) is False
+    assert study.trials[bad.number].intermediate_values == {1: 0.10}
+    last = study.ask()  # at its last epoch a trial is complete, however it did
+    assert EpochReporter(settings, last._trial_id, last, epochs=1)(epoch(0.10)) is False
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat")
+def test_a_trial_failed_by_ctrl_c_is_queued_again_once_and_an_error_is_a_verdict(tmp_path):
+    from partrain.sweep.study import counts, reclaim_interrupted
+
+    settings = SweepSettings(storage_url(str(tmp_path / "s.db"), "s"), "s", 8, parse_space(["lr"], "mlp"), RunConfig())
+    study = open_study(settings, create=True)
+    interrupted, broken = study.ask(), study.ask()
+    for trial in (interrupted, broken):
+        trial.suggest_float("lr", 1e-3, 0.3, log=True)
+    broken.set_user_attr("error", "batch size 64 exceeds the 10 training samples")
+    for trial in (interrupted, broken):
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    assert counts(study) == (1, 0)  # the error is a verdict, the interruption is not
+    assert reclaim_interrupted(study, failed_too=True) == 1
+    assert reclaim_interrupted(study, failed_too=True) == 0  # queued once, not at every start
+    waiting = [t for t in study.trials if t.state.name == "WAITING"]
+    assert len(waiting) == 1 and waiting[0].params == interrupted.params
+
+
+# ---- end to end --------------------------------------------------------------------------------
+
+
+def _sweep(tmp_path, data_dir, *extra) -> list[str]:
+    return ["sweep", "--data-dir", str(data_dir), "--storage", str(tmp_path / "sweep.db"), "--plot",
+            str(tmp_path / "sweep.png"), *TINY, *extra]
+
+
+def test_a_sweep_reports_its_trials_and_the_best_command_reproduces_the_best_accuracy(tmp_path, data_dir, capsys):
+    argv = _sweep(tmp_path, data_dir, "--trials", "3", "--sampler", "random",
+                  "--space", "lr=0.01..0.2:log", "batch_size=32,64", "epochs=1..2", "width=16,32", "depth=1")
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    study = optuna.load_study(study_name="partrain-sweep", storage=storage_url(str(tmp_path / "sweep.db"), "x"))
+    states = [t.state.name for t in study.trials]
+    assert len(states) == 3 and set(states) <= {"COMPLETE", "PRUNED"}
+    assert "3 complete" in out or "pruned" in out
+    best = max((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    assert f"best: trial {best.number}, test accuracy {best.value:.2%}" in out
+    command = next(line.strip() for line in out.splitlines() if line.strip().startswith("partrain train"))
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
+    # the command, run as printed, trains to the same accuracy
+    assert main([*shlex.split(command)[1:], "--json", "--quiet"]) == 0
+    import json
+
+    assert json.loads(capsys.readouterr().out)["summary"]["test_accuracy"] == pytest.approx(best.value, abs=1e-9)
+    # run again: all 3 are finished, nothing more is trained
+    assert main(argv) == 0
+    assert len(optuna.load_study(study_name="partrain-sweep", storage=study._storage).trials) == 3
+
+
+def test_grid_sweep_visits_each_point_once_and_refuses_more_trials_than_points(tmp_path, data_dir, capsys):
+    base = _sweep(tmp_path, data_dir, "--sampler", "grid", "--no-prune", "--space", "lr=0.01,0.05", "batch_size=32,64")
+    assert main([*base, "--trials", "5"]) == 2
+    assert "the grid has 4 points, fewer than --trials 5" in capsys.readouterr().err
+    assert main([*base, "--trials", "4", "--workers", "2"]) == 0
+    study = optuna.load_study(study_name="partrain-sweep", storage=storage_url(str(tmp_path / "sweep.db"), "x"))
+    points = sorted((t.params["lr"], t.params["batch_size"]) for t in study.trials if t.state.name == "COMPLETE")
+    assert points == [(0.01, 32), (0.01, 64), (0.05, 32), (0.05, 64)]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workers", "2", "--per-trial", "3"], "--per-trial 3 does not divide --workers 2"),
+    (["--workers", "2", "--per-trial", "2", "--space", "batch_size=32,33"], "batch size 33 does not split"),
+    (["--trials", "0"], "--trials must be at least 1"),
+    (["--space", "lr", "--model", "nonesuch"], "unknown model 'nonesuch'"),
+    (["--storage", "nosuchdb://host/x"], "cannot open the study storage nosuchdb://host/x"),
+])
+def test_bad_sweep_input_is_one_line_and_exit_2(tmp_path, data_dir, capsys, argv, message):
+    assert main(_sweep(tmp_path, data_dir, *argv)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("partrain: error:") and message in err and len(err.splitlines()) == 1
+
+
+def test_a_resumed_sweep_with_another_space_is_refused(tmp_path, data_dir, capsys):
+    assert main(_sweep(tmp_path, data_dir, "--trials", "1", "--space", "lr=0.01..0.1")) == 0
+    assert main(_sweep(tmp_path, data_dir, "--trials", "2", "--space", "lr=0.01..0.2")) == 2
+    assert "resume it with the same --space" in capsys.readouterr().err
+
+
+@pytest.mark.multiproc
+def test_a_killed_sweep_resumes_reruns_the_interrupted_and_counts_nothing_twice(tmp_path, data_dir):
+    """SIGKILL the sweep while trials run; run it again: exactly N complete, each drawn set once."""
+    trials = 6
+    argv = [sys.executable, "-m", "partrain", *_sweep(tmp_path, data_dir, "--trials", str(trials), "--workers", "2",
+            "--sampler", "random", "--no-prune", "--limit", "4096", "--space", "lr=0.01..0.1:log", "epochs=2..4")]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = storage_url(str(tmp_path / "sweep.db"), "x")
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:  # wait until one trial finished and others are mid-way
+            time.sleep(0.5)
+            try:
+                trials_now = optuna.load_study(study_name="partrain-sweep", storage=url).trials
+            except Exception:  # noqa: BLE001 - the study may not exist yet
+                continue
+            states = [t.state.name for t in trials_now]
+            if states.count("COMPLETE") >= 1 and states.count("RUNNING") >= 1:
+                break
+        else:
+            pytest.fail("the sweep never had a finished and a running trial at once")
+        proc.send_signal(signal.SIGKILL)  # the sweep only: its slots die with it (PR_SET_PDEATHSIG)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(1.0)
+    killed = optuna.load_study(study_name="partrain-sweep", storage=url).trials
+    interrupted = [t for t in killed if t.state.name == "RUNNING"]
+    assert interrupted, "the kill left no trial mid-way"
+    finished_before = {t.number: t.params for t in killed if t.state.name == "COMPLETE"}
+
+    rerun = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    after = optuna.load_study(study_name="partrain-sweep", storage=url).trials
+    complete = [t for t in after if t.state.name == "COMPLETE"]
+    assert len(complete) == trials  # N finished in all, not N more
+    params = [tuple(sorted(t.params.items())) for t in complete]
+    assert len(set(params)) == len(params)  # no parameter set counted twice
+    assert all(after[n].state.name == "COMPLETE" for n in finished_before)  # finished ones kept, not rerun
+    for t in interrupted:  # each interrupted trial failed and its parameters ran again, once
+        assert after[t.number].state.name == "FAIL"
+        assert params.count(tuple(sorted(t.params.items()))) == 1
+    assert "interrupted; run again as #" in rerun.stdout
+
+
+# ---- the plan ----------------------------------------------------------------------------------
+
+CLUSTER = """
+[cluster]
+name = "fake"
+nodes = 1
+workers_per_node = 4
+device_memory_gb = 16
+shared_memory = true
+compute_speed = 1.0
+cores_per_node = 4
+backend = "gloo"
+
+[intra]
+bandwidth_gb_per_s = {bandwidth}
+latency_us = 5
+"""
+
+
+@pytest.fixture(scope="module")
+def sweep_configs():
+    base = RunConfig(threads=1)
+    dims = parse_space(["lr", "batch_size=256,512", "epochs=1..2"], "mlp")  # big batches: a step worth splitting
+    return base, sample_configs(dims, base, "grid", 3)
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory, data_dir, sweep_configs):
+    return load_or_profile("mlp", "mnist", profile_sizes(sweep_configs[1], 4), 1, tmp_path_factory.mktemp("p"), data_dir)[0]
+
+
+def heavy(profile, factor: float = 1000.0):
+    """The measured profile with forward and backward made ``factor`` times slower: a model whose
+    steps are all compute, so splitting one over k workers nearly divides it by k."""
+    import dataclasses
+
+    blocks = [dataclasses.replace(b, fwd_s=[t * factor for t in b.fwd_s], bwd_s=[t * factor for t in b.bwd_s])
+              for b in profile.blocks]
+    return dataclasses.replace(profile, blocks=blocks)
+
+
+@pytest.mark.parametrize("trials, bandwidth, best_k", [(24, 0.05, 1), (1, 1000.0, 4)])
+def test_the_plan_picks_side_by_side_for_many_trials_and_splitting_for_too_few(tmp_path, profile, sweep_configs,
+                                                                                trials, bandwidth, best_k):
+    base, configs = sweep_configs
+    assert len(configs) == 3 * 2 * 2  # the whole grid is averaged
+    (tmp_path / "c.toml").write_text(CLUSTER.format(bandwidth=bandwidth))
+    hw = load_cluster(tmp_path / "c.toml")
+    if trials == 1:  # one trial cannot use 4 workers side by side: only splitting it helps, if compute dominates
+        profile = heavy(profile)
+    plans = plan_sweep(configs, base, trials, 4, lambda options: profile, lambda n: hw, lambda k: 0.5 * k)
+    assert [p.k for p in sorted(plans, key=lambda p: p.k)] == [1, 2, 4]
+    assert plans[0].k == best_k
+    for p in plans:
+        assert p.slots == 4 // p.k and p.waves == -(-trials // p.slots)
+        assert p.sweep_s == pytest.approx(p.waves * p.trial_s)
+        assert p.start_s == 0.5 * p.k and p.trial_s > p.start_s  # start, then the steps and the evaluation
+        assert p.steps == pytest.approx(sum(c.epochs * (profile.train_samples // c.batch_size) for c in configs) / 12)
