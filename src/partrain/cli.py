@@ -18,6 +18,7 @@ import traceback
 from partrain import __version__
 from partrain.config import SCHEDULES, STRATEGIES, RunConfig
 from partrain.errors import PartrainError
+from partrain.scratch.cli import add_engine_option
 
 
 def _print_table(table) -> None:
@@ -667,6 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train a model with any strategy, on one CPU, on GPUs, or under torchrun/mpirun/srun.")
     add_train_args(p)
     p.set_defaults(func=cmd_train)
+    add_engine_option(p)  # --engine scratch routes to partrain.scratch
 
     p = sub.add_parser("models", help="list the model zoo with parameter counts", description="List the model zoo.")
     p.add_argument("--dataset", default="mnist", help="count parameters for this dataset's input shape (default: mnist)")
