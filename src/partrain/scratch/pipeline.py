@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from partrain.errors import PartrainError
 from partrain.scratch.comm import Comm
 from partrain.scratch.layers import Linear, SoftmaxCrossEntropy
 from partrain.scratch.local import Timeline
@@ -41,9 +40,6 @@ class Pipeline:
         return slice(0, n)  # the first stage needs the inputs, the last the labels
 
     def step(self, x: np.ndarray, y: np.ndarray, total: int, timeline: Timeline) -> float:
-        if len(x) < self.m:
-            raise PartrainError(f"model-parallel: batch of {len(x)} cannot be cut into {self.m} micro-batches; "
-                                "lower --microbatches")
         prev, nxt = self.comm.rank - 1, self.comm.rank + 1
         parts = [shard(len(x), self.m, j) for j in range(self.m)]
         pending, loss = [], 0.0  # sends in flight: (handle, buffer kept alive until it completes)

@@ -76,8 +76,8 @@ class ScratchConfig:
             raise PartrainError("hybrid is processes x threads: give --threads T (2 or more) beside --workers")
         elif self.strategy in ("ddp", "model-parallel") and self.threads > 1:
             raise PartrainError(f"{self.strategy} runs one thread a process; for processes x threads use --strategy hybrid")
-        if self.microbatches is not None and self.microbatches < 1:
-            raise PartrainError(f"--microbatches must be at least 1, got {self.microbatches}")
+        if self.microbatches is not None and not 1 <= self.microbatches <= self.batch_size:
+            raise PartrainError(f"--microbatches must be 1 to the batch size ({self.batch_size}), got {self.microbatches}")
         if self.average_every is not None and self.average_every < 1:
             raise PartrainError(f"--average-every must be at least 1 or 'epoch', got {self.average_every}")
 
