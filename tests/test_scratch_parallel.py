@@ -11,7 +11,6 @@ import pytest
 import torch.multiprocessing as mp
 
 from partrain.cli import main
-from partrain.errors import PartrainError
 from partrain.scratch import ScratchConfig, run, run_many
 from partrain.scratch.comm import run_workers
 

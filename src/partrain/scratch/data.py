@@ -7,12 +7,10 @@ PyTorch engine), then flattened and cast once, so a step only indexes rows.
 from __future__ import annotations
 
 import numpy as np
-
-
 import torch
 
 from partrain.data import dataset_spec, load_dataset
-from partrain.train import epoch_order  # noqa: F401  the PyTorch engine's order: both engines see the same batches
+from partrain.train import epoch_order  # noqa: F401  re-exported: the PyTorch engine's order, so both engines see the same batches
 
 ALIASES = {"ocr": "ocr-letters"}
 

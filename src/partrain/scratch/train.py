@@ -9,7 +9,6 @@ accuracy. Losses are kept per step and made the world's once, at the end.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -76,6 +75,9 @@ class ScratchConfig:
             raise PartrainError("hybrid is processes x threads: give --threads T (2 or more) beside --workers")
         elif self.strategy in ("ddp", "model-parallel") and self.threads > 1:
             raise PartrainError(f"{self.strategy} runs one thread a process; for processes x threads use --strategy hybrid")
+        if self.strategy == "model-parallel" and self.workers > len(self.hidden) + 1:
+            raise PartrainError(f"model-parallel: {self.workers} stages for {len(self.hidden) + 1} layers; "
+                                f"use at most {len(self.hidden) + 1} workers")
         if self.microbatches is not None and not 1 <= self.microbatches <= self.batch_size:
             raise PartrainError(f"--microbatches must be 1 to the batch size ({self.batch_size}), got {self.microbatches}")
         if self.average_every is not None and self.average_every < 1:
@@ -192,8 +194,3 @@ def _train(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
 
 def _partition(pipeline: Pipeline) -> str:
     return "\n".join(f"stage {i}: {', '.join(map(repr, layers))}" for i, layers in enumerate(pipeline.stages))
-
-
-def median_ms(seconds: list[float]) -> float:
-    steady = seconds[min(WARMUP_STEPS, len(seconds) // 4):] or seconds
-    return 1e3 * statistics.median(steady)
