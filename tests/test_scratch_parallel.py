@@ -49,6 +49,7 @@ def test_threads_reproduce_serial(data_dir, serial, threads):
 
 
 @pytest.mark.multiproc
+@pytest.mark.timeout(240)  # a backstop: the workers give up on a silent peer before this
 def test_two_processes_reproduce_serial_in_every_mode(data_dir, serial):
     """ddp, hybrid 2x2, model-parallel (2 stages, 4 micro-batches), local SGD averaging every
     step: all equal to serial; local SGD averaging every 4 steps learns but is not serial."""
@@ -75,6 +76,7 @@ def _waits_for_a_dead_peer(comm):
 
 
 @pytest.mark.multiproc
+@pytest.mark.timeout(240)  # a backstop: the workers give up on a silent peer before this
 def test_a_dead_worker_stops_the_rest_at_once():
     start = time.monotonic()
     # whichever spawn sees first: rank 1's error, or rank 0's allreduce losing its peer
