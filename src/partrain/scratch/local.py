@@ -68,6 +68,9 @@ class SerialGrad:
         with timeline.phase("compute"):
             return loss_and_grad(self.net, x, y, total)
 
+    def each_part(self, fn) -> None:
+        fn(slice(None))
+
 
 class ThreadedGrad:
     """The batch's rows split over ``threads`` replicas, their gradients summed into ``net.grads``.
@@ -82,18 +85,38 @@ class ThreadedGrad:
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="scratch")
 
     def __call__(self, x: np.ndarray, y: np.ndarray, total: int, timeline: Timeline) -> float:
-        bounds = np.linspace(0, len(x), self.threads + 1).astype(int)  # contiguous shards, sizes differ by <= 1
-        shards = [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+        shards = [shard(len(x), self.threads, t) for t in range(self.threads)]
         with timeline.phase("compute"):  # the parallel region
             losses = list(self.pool.map(lambda r, s: loss_and_grad(r, x[s], y[s], total), self.replicas, shards))
-        with timeline.phase("reduce"):  # the reduction, in the main thread: (threads - 1) vector adds
-            np.copyto(self.net.grads, self.replicas[0].grads)
-            for replica in self.replicas[1:]:
-                self.net.grads += replica.grads
+        with timeline.phase("reduce"):  # (threads - 1) vector adds, each thread on its part of the vector
+            self.each_part(self._reduce)
         return sum(losses)
+
+    def _reduce(self, part: slice) -> None:
+        sum_grads(self.net, self.replicas, part)
+
+    def each_part(self, fn) -> None:
+        """``fn(part)`` on every thread at once, each on a contiguous part of the weight vector
+        (OpenMP's ``parallel for`` over the weights): the reduction and the update are
+        elementwise, so they parallelize too, and give bit-identical results."""
+        parts = [shard(self.net.params.size, self.threads, t) for t in range(self.threads)]
+        list(self.pool.map(fn, parts))
 
     def close(self) -> None:
         self.pool.shutdown()
+
+
+def sum_grads(net: Net, replicas: list[Net], part: slice = slice(None)) -> None:
+    """``net.grads[part]`` = the sum of the replicas' ``grads[part]``: len(replicas) - 1 vector adds."""
+    np.copyto(net.grads[part], replicas[0].grads[part])
+    for replica in replicas[1:]:
+        net.grads[part] += replica.grads[part]
+
+
+def shard(n: int, parts: int, index: int) -> slice:
+    """Part ``index`` of ``n`` rows (or elements) cut into ``parts`` contiguous parts (sizes differ by <= 1)."""
+    bounds = np.linspace(0, n, parts + 1).astype(int)
+    return slice(bounds[index], bounds[index + 1])
 
 
 def local_grad(net: Net, threads: int):

@@ -123,10 +123,12 @@ class SGD:
         self.net, self.lr, self.momentum, self.weight_decay = net, lr, momentum, weight_decay
         self.velocity = np.zeros_like(net.params)
 
-    def step(self) -> None:
-        g = self.net.grads
+    def step(self, part: slice = slice(None)) -> None:
+        """Update the weights ``part`` of the flat vector (all by default); threads update
+        disjoint parts at once. Three passes over memory: ~12 bytes read+written per weight."""
+        p, g, v = self.net.params[part], self.net.grads[part], self.velocity[part]
         if self.weight_decay:
-            g = g + self.weight_decay * self.net.params
-        self.velocity *= self.momentum
-        self.velocity += g
-        self.net.params -= self.lr * self.velocity
+            g = g + self.weight_decay * p
+        v *= self.momentum
+        v += g
+        p -= self.lr * v

@@ -19,9 +19,8 @@ import numpy as np
 
 from partrain.scratch.comm import Comm
 from partrain.scratch.layers import Linear, SoftmaxCrossEntropy
-from partrain.scratch.local import Timeline
+from partrain.scratch.local import Timeline, shard, sum_grads
 from partrain.scratch.net import SGD, Net, cut
-from partrain.scratch.strategies import shard
 
 
 class Pipeline:
@@ -66,9 +65,7 @@ class Pipeline:
             for handle, _ in pending:
                 handle.wait()
         with timeline.phase("reduce"):  # the micro-batches' gradients: m - 1 vector adds
-            np.copyto(self.net.grads, self.replicas[0].grads)
-            for replica in self.replicas[1:]:
-                self.net.grads += replica.grads
+            sum_grads(self.net, self.replicas)
         with timeline.phase("update"):
             self.opt.step()
         return loss  # the batch's loss on the last stage, 0 elsewhere

@@ -16,14 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from partrain.scratch.comm import Comm
-from partrain.scratch.local import Timeline, local_grad, predict
+from partrain.scratch.local import Timeline, local_grad, predict, shard
 from partrain.scratch.net import SGD, Net, flatten
-
-
-def shard(n: int, parts: int, index: int) -> slice:
-    """Rows of part ``index`` when ``n`` rows are cut into ``parts`` contiguous parts (sizes differ by <= 1)."""
-    bounds = np.linspace(0, n, parts + 1).astype(int)
-    return slice(bounds[index], bounds[index + 1])
 
 
 class DataParallel:
@@ -52,7 +46,7 @@ class DataParallel:
             with timeline.phase("comm"):
                 self.comm.allreduce_sum(self.message)  # ~2 x message bytes through each process's link (ring)
         with timeline.phase("update"):
-            self.opt.step()
+            self.grad.each_part(self.opt.step)  # with threads: each updates its part of the weights
         return float(self.message[-1])
 
     def end_epoch(self, timeline: Timeline) -> None:
@@ -91,7 +85,7 @@ class LocalSGD(DataParallel):
     def step(self, x: np.ndarray, y: np.ndarray, total: int, timeline: Timeline) -> float:
         loss = self.grad(x, y, len(x), timeline)  # the mean over this worker's own rows
         with timeline.phase("update"):
-            self.opt.step()
+            self.grad.each_part(self.opt.step)
         self.steps += 1
         if self.every and self.steps % self.every == 0:
             self._average(timeline)
