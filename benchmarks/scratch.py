@@ -3,6 +3,9 @@ the time goes, the scratch engine against the PyTorch engine, and accuracy.
 
     python benchmarks/scratch.py [--steps 300] [--rounds 3] [--data-dir ../shared/data] [--no-accuracy]
 
+0. Do Python threads run NumPy at the same time? Whether a GEMM releases the GIL (the main
+   thread counts while another multiplies; a GIL-holding C call as the control), and the
+   same GEMMs done twice in one thread against once in each of two threads.
 1. Speedup over scratch serial (MNIST MLP 784-256-128-10, batch 64, float32, BLAS on one
    thread everywhere): threads 2, ddp 2, hybrid 2x2, model-parallel 2 (4 micro-batches),
    local SGD 2 (weights averaged every 8 steps). Each round runs every mode once, serial
@@ -45,6 +48,54 @@ def mean_ms(seconds: list[float]) -> float:
 def loadavg() -> str:
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
+
+
+def gil_released(seconds: float = 1.0) -> None:
+    """Can the main thread run Python while another thread is inside a C call? It counts
+    loop turns while a thread does GEMMs, and while one does ``sum(range(...))``, a C call
+    that holds the GIL throughout (the control). Independent of how busy the machine is:
+    a held GIL stops the count, a busy machine only slows it."""
+    import threading
+
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+
+    m = np.random.default_rng(0).standard_normal((1000, 1000), np.float32)
+    with threadpool_limits(1, "blas"):
+        for name, work in (("NumPy GEMM", lambda: m @ m), ("sum(range())", lambda: sum(range(20_000_000)))):
+            worker = threading.Thread(target=work)
+            turns, start = 0, time.perf_counter()
+            worker.start()
+            while worker.is_alive():
+                turns += 1
+            ms = 1e3 * (time.perf_counter() - start)
+            print(f"   main thread during {name:<13} {turns:>10,} turns in {ms:6.0f} ms ({turns / ms:,.0f} per ms)")
+
+
+def thread_speedup(rounds: int) -> None:
+    """The same work twice in one thread, then once in each of two threads."""
+    import numpy as np
+    from concurrent.futures import ThreadPoolExecutor
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    a, w = rng.standard_normal((32, 784), np.float32), rng.standard_normal((256, 784), np.float32)
+
+    def gemms(n=300):
+        for _ in range(n):
+            (a @ w.T).T @ a  # fc1's forward and weight gradient for 32 rows
+
+    with threadpool_limits(1, "blas"), ThreadPoolExecutor(2) as pool:
+        ratios = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            gemms(), gemms()
+            one = time.perf_counter() - start
+            start = time.perf_counter()
+            list(pool.map(lambda _: gemms(), range(2)))
+            ratios.append(one / (time.perf_counter() - start))
+    print(f"   fc1 GEMMs, 2 threads against 1: {statistics.median(ratios):.2f}x "
+          f"(rounds {', '.join(f'{r:.2f}' for r in ratios)}); loadavg {loadavg()}", flush=True)
 
 
 def in_process(cfg: ScratchConfig):
@@ -114,6 +165,9 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores, loadavg {loadavg()}; MNIST MLP batch 64 float32, {args.steps} steps a run, "
           f"{args.rounds} rounds; ms/step = median over rounds of each run's mean", flush=True)
+    print("\n0. Do Python threads run NumPy at the same time?")
+    gil_released()
+    thread_speedup(max(3, args.rounds))
     print("\n1. Speedup over scratch serial")
     speedups(args.data_dir, args.steps, args.rounds)
     print("\n3. Epoch time: scratch engine against the PyTorch engine (serial, 1 thread each)", flush=True)
