@@ -14,7 +14,8 @@ the time goes, the scratch engine against the PyTorch engine, and accuracy.
    steps are 1 in 8, and a median would leave them out). The 2-process modes share one group of processes
    a round (``run_many``), so no process start is inside a step.
 2. Where the time goes: mean ms per step of each phase (compute, reduce, comm, update),
-   per rank, from the timeline every step records, of the last round.
+   per rank, from the timeline every step records, of the last round; ``comm`` includes
+   waiting for the peer. Then the messages alone: the allreduce and a send/recv round trip.
 3. Epoch time, scratch serial against ``partrain train --model mlp`` (hidden 256,128, the
    zoo's default) serial with 1 thread: one epoch each, alternating, ``--rounds`` times.
 4. Accuracy: MNIST MLP 5 epochs (goal >= 97%); OCR letters, Linear+Sigmoid 128-128-10,
@@ -132,6 +133,33 @@ def speedups(data_dir: str, steps: int, rounds: int) -> None:
         for rank, phases in enumerate(result.phases_ms_per_rank):
             parts = ", ".join(f"{p} {ms:.2f}" for p, ms in phases.items())
             print(f"   {name:<20} rank {rank}: {parts} (sum {sum(phases.values()):.2f})")
+    from partrain.scratch.comm import run_workers
+
+    alone = run_workers(collectives, (), 2)[0]
+    print("   the messages alone, 2 processes, nothing else to do: "
+          + ", ".join(f"{name} {ms:.2f} ms" for name, ms in alone.items()) + f"; loadavg {loadavg()}")
+
+
+def collectives(comm, repeats: int = 200) -> dict[str, float]:
+    """A worker's median ms for the messages alone: the ddp allreduce (235,147 float32,
+    the MLP's gradient and the loss) and a pipeline round trip (32 x 256 float32 there, back)."""
+    import numpy as np
+
+    grads, act = np.zeros(235_147, np.float32), np.zeros((32, 256), np.float32)
+    times = {"allreduce 0.94 MB": [], "send+recv round trip 32 KB": []}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        comm.allreduce_sum(grads)
+        times["allreduce 0.94 MB"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        if comm.rank == 0:
+            comm.isend(act, 1).wait()
+            comm.recv(act.shape, act.dtype, 1)
+        else:
+            back = comm.recv(act.shape, act.dtype, 0)
+            comm.isend(back, 0).wait()
+        times["send+recv round trip 32 KB"].append(time.perf_counter() - start)
+    return {name: 1e3 * statistics.median(t[10:]) for name, t in times.items()}
 
 
 def engines(data_dir: str, rounds: int) -> None:
