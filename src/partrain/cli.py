@@ -31,6 +31,7 @@ from partrain.errors import PartrainError
 from partrain.report import commands as report_commands
 from partrain.serve.command import add_parser as add_serve_parser
 from partrain.sweep.command import add_parser as add_sweep_parser
+from partrain.scratch.cli import add_engine_option
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
@@ -131,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_args(p)
     p.set_defaults(func=cmd_train)
     report_commands.add_train_trace(p)
+    add_engine_option(p)  # --engine scratch routes to partrain.scratch
 
     p = sub.add_parser("models", help="list the model zoo with parameter counts", description="List the model zoo.")
     p.add_argument("--dataset", default="mnist", help="count parameters for this dataset's input shape (default: mnist)")

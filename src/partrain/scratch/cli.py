@@ -1,0 +1,84 @@
+"""``partrain train --engine scratch``: the scratch engine behind the train command's options.
+
+``add_engine_option(train_parser)`` adds ``--engine`` (and the few options only the scratch
+engine has) and routes ``--engine scratch`` here; ``--engine torch`` (the default) runs the
+train command as before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from partrain.errors import PartrainError
+
+# train options the scratch engine does not have, with their "not given" value
+_TORCH_ONLY = {"pp": None, "dp": None, "schedule": None, "recompute": False, "split_points": None,
+               "checkpoint": None, "resume": None, "events": None, "save_model": None, "stages_per_worker": 1,
+               "trace": None}
+
+
+def add_engine_option(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--engine", choices=["torch", "scratch"], default="torch",
+                   help="torch: PyTorch's modules and distributed strategies (default); scratch: the NumPy engine "
+                        "with hand-written forward/backward and parallelism (strategies serial, threads, ddp, "
+                        "hybrid, model-parallel, local-sgd; --threads T is threads per process)")
+    g.add_argument("--dtype", choices=["float32", "float64"], help="scratch: the arrays' type (default: float32)")
+    torch_train = p.get_default("func")
+
+    def train(args: argparse.Namespace) -> int:
+        if args.engine == "scratch":
+            return run(args)
+        if args.dtype is not None:
+            raise PartrainError("--dtype belongs to the scratch engine: add --engine scratch")
+        return torch_train(args)
+
+    p.set_defaults(func=train)
+
+
+def config_from_args(args: argparse.Namespace):
+    from partrain.scratch.train import ScratchConfig
+
+    if args.model != "mlp":
+        raise PartrainError(f"the scratch engine builds the mlp only, not {args.model!r}: use --model mlp")
+    if args.optimizer != "sgd":
+        raise PartrainError("the scratch engine has SGD with momentum only: leave out --optimizer")
+    if args.backend not in (None, "gloo"):
+        raise PartrainError("the scratch engine talks over gloo only: leave out --backend")
+    for name, unset in _TORCH_ONLY.items():
+        if getattr(args, name) != unset:
+            raise PartrainError(f"--{name.replace('_', '-')} is an option of the torch engine; "
+                                "leave it out with --engine scratch")
+    every = args.average_every
+    if every != "epoch":
+        try:
+            every = int(every)
+        except ValueError:
+            raise PartrainError(f"--average-every takes a number of steps or 'epoch', got {every!r}") from None
+    return ScratchConfig(
+        dataset=args.dataset, hidden=tuple(args.hidden or (256, 128)), activation=args.activation,
+        dtype=args.dtype or "float32", epochs=args.epochs, steps=args.steps, limit=args.limit,
+        eval_limit=args.eval_limit, evaluate=args.evaluate, batch_size=args.batch_size, lr=args.lr,
+        momentum=args.momentum, weight_decay=args.weight_decay, seed=args.seed, strategy=args.strategy,
+        workers=args.workers or 1, threads=args.threads or 1, microbatches=args.microbatches,
+        average_every=None if every == "epoch" else every, timeout_s=args.timeout_s, data_dir=args.data_dir,
+        synthetic=args.synthetic,
+    )
+
+
+def phases_line(result) -> str:
+    """Where rank 0's step time went, e.g. 'compute 1.20 ms, comm 0.40 ms, update 0.10 ms'."""
+    return ", ".join(f"{name} {ms:.2f} ms" for name, ms in result.phases_ms.items())
+
+
+def run(args: argparse.Namespace) -> int:
+    from partrain.cli import summary_line
+    from partrain.scratch.train import run as run_scratch
+
+    result = run_scratch(config_from_args(args))
+    if args.json:
+        print(json.dumps(result.to_dict(), default=str))
+    else:
+        print(f"{summary_line(result)} [scratch engine; per step: {phases_line(result)}]")
+    return 0

@@ -1,0 +1,128 @@
+"""One process's gradient of a batch: in one thread, or split over threads (the OpenMP pattern).
+
+The OpenMP version of the C MLP did ``#pragma omp parallel for`` over the samples of a
+mini-batch, each thread adding into private gradient buffers, then a reduction. Here each
+thread runs a ``Net.replica()`` (the shared weights, its own activations and gradients)
+on a contiguous shard of the rows; the main thread then sums the replicas' gradient
+vectors. Python threads run at the same time only while NumPy is inside BLAS or a ufunc
+loop, which release the GIL: the GEMMs that are most of an MLP's time do.
+
+``Timeline`` records the seconds of each phase of each step, so a run can say where its
+time went (``compute``, ``reduce``, ``comm``, ``update``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import numpy as np
+
+from partrain.scratch.layers import SoftmaxCrossEntropy
+from partrain.scratch.net import Net
+
+
+class Timeline:
+    """Seconds per phase, per step: ``steps[i]["compute"]``."""
+
+    def __init__(self):
+        self.steps: list[dict[str, float]] = []
+        self._current: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def phase(self, name: str):
+        start = time.perf_counter()  # ~50 ns; a step has a handful of phases
+        try:
+            yield
+        finally:
+            self._current[name] += time.perf_counter() - start
+
+    def end_step(self) -> None:
+        self.steps.append(dict(self._current))
+        self._current = defaultdict(float)
+
+    def mean_ms(self, skip: int = 0) -> dict[str, float]:
+        """Mean milliseconds per step of each phase, over the steps after ``skip``."""
+        steps = self.steps[skip:] or self.steps
+        names = sorted({name for step in steps for name in step})
+        return {name: 1e3 * sum(step.get(name, 0.0) for step in steps) / max(1, len(steps)) for name in names}
+
+
+def loss_and_grad(net: Net, x: np.ndarray, y: np.ndarray, total: int) -> float:
+    """Forward, loss (summed over these rows / ``total``), backward: ``net.grads`` is written."""
+    ce = SoftmaxCrossEntropy()
+    loss = ce.forward(net.forward(x), y, total)
+    net.backward(ce.backward())
+    return loss
+
+
+class SerialGrad:
+    """The whole batch in this thread."""
+
+    def __init__(self, net: Net):
+        self.net = net
+
+    def __call__(self, x: np.ndarray, y: np.ndarray, total: int, timeline: Timeline) -> float:
+        with timeline.phase("compute"):
+            return loss_and_grad(self.net, x, y, total)
+
+    def each_part(self, fn) -> None:
+        fn(slice(None))
+
+
+class ThreadedGrad:
+    """The batch's rows split over ``threads`` replicas, their gradients summed into ``net.grads``.
+
+    Every shard's loss and gradient are divided by the whole batch's size (``total``), so
+    their sum is the batch mean, equal to serial's up to the order of floating-point adds.
+    """
+
+    def __init__(self, net: Net, threads: int):
+        self.net, self.threads = net, threads
+        self.replicas = [net.replica() for _ in range(threads)]  # one gradient vector each: threads x 4 bytes x params
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="scratch")
+
+    def __call__(self, x: np.ndarray, y: np.ndarray, total: int, timeline: Timeline) -> float:
+        shards = [shard(len(x), self.threads, t) for t in range(self.threads)]
+        with timeline.phase("compute"):  # the parallel region
+            losses = list(self.pool.map(lambda r, s: loss_and_grad(r, x[s], y[s], total), self.replicas, shards))
+        with timeline.phase("reduce"):  # (threads - 1) vector adds, each thread on its part of the vector
+            self.each_part(self._reduce)
+        return sum(losses)
+
+    def _reduce(self, part: slice) -> None:
+        sum_grads(self.net, self.replicas, part)
+
+    def each_part(self, fn) -> None:
+        """``fn(part)`` on every thread at once, each on a contiguous part of the weight vector
+        (OpenMP's ``parallel for`` over the weights): the reduction and the update are
+        elementwise, so they parallelize too, and give bit-identical results."""
+        parts = [shard(self.net.params.size, self.threads, t) for t in range(self.threads)]
+        list(self.pool.map(fn, parts))
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+def sum_grads(net: Net, replicas: list[Net], part: slice = slice(None)) -> None:
+    """``net.grads[part]`` = the sum of the replicas' ``grads[part]``: len(replicas) - 1 vector adds."""
+    np.copyto(net.grads[part], replicas[0].grads[part])
+    for replica in replicas[1:]:
+        net.grads[part] += replica.grads[part]
+
+
+def shard(n: int, parts: int, index: int) -> slice:
+    """Part ``index`` of ``n`` rows (or elements) cut into ``parts`` contiguous parts (sizes differ by <= 1)."""
+    bounds = np.linspace(0, n, parts + 1).astype(int)
+    return slice(bounds[index], bounds[index + 1])
+
+
+def local_grad(net: Net, threads: int):
+    return ThreadedGrad(net, threads) if threads > 1 else SerialGrad(net)
+
+
+def predict(net: Net, x: np.ndarray, chunk: int = 1000) -> np.ndarray:
+    """Class indices, the forward in chunks (a test set's activations at once would be large)."""
+    return np.concatenate([net.forward(x[i:i + chunk]).argmax(axis=1) for i in range(0, len(x), chunk)])
