@@ -21,8 +21,16 @@ from partrain.profile.model import profile_model
 
 
 @pytest.fixture(scope="module")
-def mlp():
+def measured():
     return profile_model("mlp", "mnist", [4, 16], threads=1, synthetic=True)
+
+
+@pytest.fixture
+def mlp(measured):
+    """The measured profile as if taken on a quiet machine (the cache keeps only those)."""
+    import dataclasses
+
+    return dataclasses.replace(measured, other_load=0.0)
 
 
 def test_model_profile_measures_every_block(mlp):
@@ -89,6 +97,42 @@ def test_cache_is_reused(tmp_path, monkeypatch, mlp):
     other = load_or_profile("mlp", "mnist", [4, 16], 2, tmp_path, synthetic=True)[1]
     assert other != path and len(calls) == 2  # threads are part of the key
     assert "t2" in other.name and cache_module.fingerprint() in other.name
+
+
+@pytest.mark.parametrize("bad", [math.nan, -0.5, math.inf])
+def test_a_profile_holding_a_number_no_measurement_gives_is_refused(mlp, tmp_path, bad):
+    raw = mlp.to_dict()
+    raw["blocks"][1]["fwd_s"][0] = bad
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(PartrainError, match=r"holds .* at blocks\.1\.fwd_s\.0, which no measurement gives"):
+        ModelProfile.load(path)
+
+
+def test_an_edited_cached_profile_is_measured_again(tmp_path, monkeypatch, mlp, capsys):
+    monkeypatch.setattr(model_module, "profile_model", lambda *a, **k: mlp)
+    _, path, _ = load_or_profile("mlp", "mnist", [4, 16], 1, tmp_path, synthetic=True)
+    raw = json.loads(path.read_text())
+    raw["loss_s"] = [math.nan for _ in raw["loss_s"]]
+    path.write_text(json.dumps(raw))
+    again, _, reused = load_or_profile("mlp", "mnist", [4, 16], 1, tmp_path, synthetic=True)
+    assert not reused and again == mlp and ModelProfile.load(path) == mlp
+    assert "which no measurement gives: measuring it again" in capsys.readouterr().err
+
+
+def test_a_profile_taken_on_a_busy_machine_is_measured_again_and_never_cached(tmp_path, monkeypatch, mlp, capsys):
+    import dataclasses
+
+    busy = dataclasses.replace(mlp, other_load=0.6)
+    calls = []
+    monkeypatch.setattr(model_module, "profile_model", lambda *a, **k: calls.append(a) or busy)
+    profile, path, reused = load_or_profile("mlp", "mnist", [4, 16], 1, tmp_path, synthetic=True)
+    assert profile.other_load == 0.6 and not reused
+    assert len(calls) == cache_module.BUSY_ATTEMPTS and not path.exists()
+    assert "used once and not cached" in capsys.readouterr().err
+    quiet = iter([busy, mlp])  # busy, then quiet: the quiet one is kept
+    monkeypatch.setattr(model_module, "profile_model", lambda *a, **k: next(quiet))
+    assert load_or_profile("mlp", "mnist", [4, 16], 1, tmp_path, synthetic=True)[0] == mlp and path.exists()
 
 
 def test_profile_cli_prints_and_caches(tmp_path, capsys):

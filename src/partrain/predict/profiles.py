@@ -9,6 +9,7 @@ and writes them; this module only reads and writes JSON, so the cost model never
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -27,10 +28,37 @@ class JsonProfile:
 
     @classmethod
     def load(cls, path: str | os.PathLike):
+        """Read a profile; one that is unreadable or holds a number no measurement gives (NaN,
+        an infinity, a negative time or size) is refused rather than fed to the predictor."""
         try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as err:
             raise PartrainError(f"{cls.kind} {path} is unreadable ({err}): delete it or profile again") from None
+        if bad := first_invalid_number(raw):
+            where, value = bad
+            raise PartrainError(f"{cls.kind} {path} holds {value} at {where}, which no measurement gives: "
+                                "delete it or profile again")
+        try:
+            return cls.from_dict(raw)
+        except (ValueError, KeyError, TypeError) as err:
+            raise PartrainError(f"{cls.kind} {path} is unreadable ({err}): delete it or profile again") from None
+
+
+def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
+    """The first number in a parsed profile that is not finite and >= 0 (where, value), else None.
+    Every figure a profile holds is a time, a size, a count or a ratio, none of them negative."""
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        if isinstance(value, int | float) and not isinstance(value, bool) and not (math.isfinite(value) and value >= 0):
+            return where or "the top", value
+        return None
+    for key, item in items:
+        if bad := first_invalid_number(item, f"{where}.{key}" if where else str(key)):
+            return bad
+    return None
 
 
 @dataclass

@@ -195,10 +195,12 @@ def _time_loss_and_data(model: nn.Module, train_set, batch: int) -> dict[str, fl
 
 
 def _cpu_seconds() -> tuple[float, float]:
-    """(CPU seconds every process has used, CPU seconds this one has), from /proc/stat."""
+    """(CPU seconds every process has used, CPU seconds this one and its children have), from /proc/stat."""
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     busy = sum(int(v) for i, v in enumerate(fields) if i not in (3, 4))  # all but idle and iowait
-    return busy / os.sysconf("SC_CLK_TCK"), time.process_time()
+    # this process and the children it waited for (the memory probe): what is left is the others'
+    children = os.times()
+    return busy / os.sysconf("SC_CLK_TCK"), time.process_time() + children.children_user + children.children_system
 
 
 def _others_share(before: tuple[float, float], after: tuple[float, float], wall: float) -> float:
