@@ -32,7 +32,7 @@ def add_predict_parser(sub) -> None:
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
     p.add_argument("--threads", type=int, help="intra-op threads per worker (default: cores / local workers, as train)")
     p.add_argument("--strategies", type=str_list, help="only these strategies (comma-separated)")
-    p.add_argument("--cluster", help="cluster TOML to predict for instead of this machine (see examples/cluster.toml)")
+    p.add_argument("--cluster", help="predict for a cluster instead of this machine: a TOML description (see examples/cluster.toml) or a hardware profile .json measured there (profile --hardware under torchrun)")
     p.add_argument("--profile-batch-sizes", type=int_list, help="model profile batch sizes (default: covering the plans)")
     p.add_argument("--profile-dir", help=PROFILE_DIR_HELP)
     p.add_argument("--all", action="store_true", help="also list the plans that cannot run, with the reason")

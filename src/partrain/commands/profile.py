@@ -47,7 +47,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         hw = profile_hardware(args.workers, default_sizes(int(args.max_mb * 2**20)), threads=args.threads or 1)
         if hw is None:  # a launched worker other than rank 0
             return 0
-        path = hw.save(hardware_path(profile_dir(args.profile_dir), hw.nodes * hw.workers_per_node))
+        path = hw.save(hardware_path(profile_dir(args.profile_dir), hw.nodes * hw.workers_per_node, hw.nodes))
         print(json.dumps(hw.to_dict()) if args.json else "", end="\n" if args.json else "")
         if not args.json:
             print_table(hardware_table(hw))

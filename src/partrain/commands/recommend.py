@@ -25,7 +25,7 @@ def add_recommend_parser(sub) -> None:
     )
     add_data_args(p)
     p.add_argument("--workers", type=int, help="at most this many workers (default: the cluster's, else 1)")
-    p.add_argument("--cluster", help="cluster TOML to recommend for instead of this machine (see examples/cluster.toml)")
+    p.add_argument("--cluster", help="recommend for a cluster instead of this machine: a TOML description (see examples/cluster.toml) or a hardware profile .json measured there (profile --hardware under torchrun)")
     p.add_argument("--batch-size", type=int, help="fix the global batch (default: free, 32/64/128 per worker)")
     p.add_argument("--memory-limit", help="memory per worker, e.g. 2GB (default: the device's, or RAM / local workers)")
     p.add_argument("--objective", choices=["time", "memory"], default="time", help="rank by time per epoch (default) or memory")

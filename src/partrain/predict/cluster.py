@@ -49,12 +49,16 @@ def _link(table: dict | None, tier: str, path: str) -> CostFit:
 
 
 def load_cluster(path: str | os.PathLike) -> HardwareProfile:
-    """A ``HardwareProfile`` from a cluster TOML file (see ``examples/cluster.toml``)."""
+    """A ``HardwareProfile`` from a cluster TOML file (see ``examples/cluster.toml``), or a
+    measured hardware profile (``.json``, as ``partrain profile --hardware`` writes it): the
+    cluster measured for real, e.g. across nodes under torchrun."""
     path = Path(path)
+    if path.suffix == ".json":
+        return HardwareProfile.load(path) if path.is_file() else _missing(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise PartrainError(f"cluster file {path} not found") from None
+        _missing(path)
     except (OSError, UnicodeDecodeError) as err:
         raise PartrainError(f"cannot read cluster file {path} as UTF-8 text: {err}") from None
     except tomllib.TOMLDecodeError as err:
@@ -90,3 +94,7 @@ def load_cluster(path: str | os.PathLike) -> HardwareProfile:
         links=links,
         source=str(path),
     )
+
+
+def _missing(path: Path):
+    raise PartrainError(f"cluster file {path} not found")

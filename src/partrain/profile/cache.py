@@ -45,8 +45,11 @@ def profile_threads(threads: int) -> int:
     return min(threads, os.cpu_count() or 1)
 
 
-def hardware_path(directory: Path, workers: int) -> Path:
-    return directory / f"hardware-w{workers}-{fingerprint()}.json"
+def hardware_path(directory: Path, workers: int, nodes: int = 1) -> Path:
+    """Where the profile of ``workers`` workers is cached: over several nodes a file of its own
+    (the same machine's local profile of as many workers measured no link between nodes)."""
+    across = f"-n{nodes}" if nodes > 1 else ""
+    return directory / f"hardware-w{workers}{across}-{fingerprint()}.json"
 
 
 def _problem(err: PartrainError) -> str:
