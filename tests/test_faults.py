@@ -165,3 +165,20 @@ def test_two_bench_runs_on_one_store_lose_nothing_and_store_each_cell_once(data_
     # serial x1, ddp x1, ddp x2 (serial x2 is stored as skipped) at two batch sizes: 8 cells, each once
     assert len(rows) == len(set(rows)) == 8
     assert sorted(r[3] for r in rows).count("ok") == 6
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_leaves_nothing(data_dir, tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        proc = _start(["train", "--model", "mlp", "--steps", "3", "--limit", "256", "--eval-limit", "32", "--quiet",
+                       "--checkpoint", str(disk / "ck")], data_dir, tmp_path)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2
+        assert err.strip().startswith("partrain: error: cannot write checkpoint ")
+        assert "the disk is full" in err and len(err.strip().splitlines()) == 1
+        assert not [p for p in (disk / "ck").rglob("*") if p.is_file()]  # no torn file, no .tmp
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)

@@ -74,7 +74,9 @@ def _write_atomic(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
         full = getattr(err, "errno", None) == errno.ENOSPC or "No space" in str(err) or "inline_container" in str(err)
         free = shutil.disk_usage(path.parent).free / 2**20 if path.parent.exists() else 0.0
-        reason = f"the disk is full ({free:.0f} MB free)" if full or free < 1 else str(err).splitlines()[0]
+        reason = f"the disk is full ({free:.1f} MB free)" if full or free < 1 else str(err).splitlines()[0]
+        if path.parent.name.startswith("step-") and not any(path.parent.iterdir()):
+            path.parent.rmdir()  # the set this save began: nothing of it is left
         raise PartrainError(f"cannot write checkpoint {path}: {reason}; free space or point --checkpoint elsewhere") from None
 
 
