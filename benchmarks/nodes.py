@@ -4,7 +4,9 @@ For each link rate: N network namespaces joined by shaped links (``partrain.test
 ``partrain profile --hardware`` run across them under torchrun (the link measured for real,
 not written by hand), then each plan trained across them under torchrun and predicted with
 ``partrain predict --cluster <that measured profile>``. Prints measured against predicted
-ms/step per plan and link, and the bandwidth the profile measured against the shaped rate.
+ms/step per plan and link (the mean step after warm-up against the predicted mean, which
+amortizes local SGD's averaging over its K steps), and the bandwidth the profile measured
+against the shaped rate.
 
     sudo .venv/bin/python benchmarks/nodes.py --rates 100,1000 --nodes 2 --model cnn --batch-size 64
 
@@ -39,7 +41,8 @@ def across(nodes: EmulatedNodes, args: list[str], env: dict, port: int) -> str:
              for cmd in torchrun_across(nodes, 1, args, port=port)]
     outs = [p.communicate(timeout=1800) for p in procs]
     if any(p.returncode for p in procs):
-        raise RuntimeError(f"partrain {' '.join(args)} failed across the nodes: {outs[0][1][-1500:]}")
+        said = [line for _, err in outs for line in err.splitlines() if line.startswith("partrain: error")]
+        raise SystemExit(f"partrain {' '.join(args)} failed across the nodes: {said[0] if said else outs[0][1][-1500:]}")
     return outs[0][0]
 
 
@@ -75,7 +78,8 @@ def main() -> None:
                 train = ["train", *job, *PLANS[label], "--steps", str(args.steps), "--no-eval", "--json", "--quiet"]
                 result = json.loads(across(nodes, train, node_env, 29500 + port).strip().splitlines()[-1])
                 steps = result["step_seconds"][5:]  # warm-up left out
-                measured = statistics.median(steps)
+                # the mean: a local SGD step that averages is one in K, and the epoch pays for it
+                measured = statistics.fmean(steps)
                 pred = subprocess.run(
                     [sys.executable, "-P", "-m", "partrain", "predict", *job, "--workers", str(args.nodes),
                      "--cluster", str(saved), "--json"], env={**os.environ, **env}, capture_output=True, text=True)
