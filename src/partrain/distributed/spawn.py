@@ -31,6 +31,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -140,11 +141,20 @@ def spawn(entrypoint: Callable, args: tuple, nprocs: int, poll_s: float = 0.1) -
     # import path (a planted numpy.py there never runs); workers set their own thread count
     os.environ.update(PYTHONSAFEPATH="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **local_network_env())
     context = None
+    # Ctrl-C is the launcher's: workers start with SIGINT ignored, which Python keeps through
+    # their start-up (a disposition inherited as ignored is left ignored), so a Ctrl-C while
+    # they still import torch prints nothing from them
+    ignore = threading.current_thread() is threading.main_thread()
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
     try:
-        context = mp.start_processes(
-            _worker, args=(entrypoint, args, nprocs, str(run_dir), os.getpid()), nprocs=nprocs,
-            join=False, start_method="spawn",
-        )
+        try:
+            context = mp.start_processes(
+                _worker, args=(entrypoint, args, nprocs, str(run_dir), os.getpid()), nprocs=nprocs,
+                join=False, start_method="spawn",
+            )
+        finally:
+            if ignore:
+                signal.signal(signal.SIGINT, handler)
         _restore(saved)
         pids = [p.pid for p in context.processes]
         while True:
