@@ -60,7 +60,7 @@ def test_model_profile_measures_every_block(mlp):
 
 
 def test_step_statistic_shrugs_off_one_slow_sample():
-    lower = model_module._lower_half_median
+    from partrain.profile.timing import lower_half_median as lower
     assert lower([0.161, 0.329]) == 0.161  # two steps: one slow step does not count
     assert lower([0.20, 0.10, 0.30]) == 0.20  # three: the median
     # a burst of other work over the first half leaves the quiet half's median

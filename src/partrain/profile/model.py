@@ -13,7 +13,7 @@ Profiles are cached as JSON in the profile directory (``profile.cache``),
 keyed by model, dataset, batch sizes, threads and the hardware fingerprint, and reused by
 every later prediction. Cost: about four forward/backward passes of the model per batch
 size (an instrumented one, which also warms the block up, then at least three timed), plus
-the memory probe: a fresh process (it imports torch) taking two serial steps per batch
+the memory probe (``profile.probe``): a fresh process (it imports torch) taking two serial steps per batch
 size, then 3 to 65 steps (about 0.1 s measured after 1 of warm-up) of partrain's own
 training loop per strategy on a world of one at the smallest batch size (``world_of_one_s``:
 what DDP and the averager cost beyond the serial loop, measured rather than modelled), and
@@ -23,14 +23,8 @@ half as many steps of the bare model against the same model inside a hybrid's re
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -39,65 +33,24 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from partrain.data import load_dataset
 from partrain.distributed.launch import (
-    LaunchInfo,
-    init_process_group,
     keep_freed_memory,
-    leave_process_group,
 )
-from partrain.distributed.spawn import child_env, python_command
 from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
 from partrain.predict.machine import fingerprint
 from partrain.predict.profiles import BlockProfile, ModelProfile
+from partrain.profile.probe import measure_memory, world_of_one_steps
+from partrain.profile.timing import median_times, timed
 from partrain.progress import phase
-from partrain.spec import SPECS
 from partrain.strategies.base import (
     loss_fn,  # class or per-token cross-entropy, as training scores it
 )
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
-MIN_REPEATS, MAX_REPEATS, TARGET_S = 3, 50, 0.25  # timed runs per measurement: at least 3, about 0.25 s
 OPTIMIZER_REPEATS = 10
 
 
 # ---- measuring ----------------------------------------------------------------------------
-
-
-def _median_times(run: Callable[[], tuple[float, ...]], warm_up: bool = True,
-                  max_repeats: int = MAX_REPEATS) -> list[float]:
-    """Per component, the median seconds ``run`` reports, after one warm-up call (unless the
-    caller has just run the same work).
-
-    The samples are split in their first and second half and the lower median is kept: a
-    burst of work from another process during one half does not move the result.
-    """
-    if warm_up:
-        run()
-    samples: list[tuple[float, ...]] = []
-    while len(samples) < MIN_REPEATS or (sum(map(sum, samples)) < TARGET_S and len(samples) < max_repeats):
-        samples.append(run())
-    return [_lower_half_median([s[i] for s in samples]) for i in range(len(samples[0]))]
-
-
-def _lower_half_median(samples: list[float]) -> float:
-    """The lower of the medians of the first and the second half of ``samples``: a burst of
-    other work in one half does not move it. Of three, the median; of two, the lower: a big
-    model's world-of-one run times 2 steps, and their mean would take half of one slow step
-    into the loop's overhead (resnet18 at batch 4 ran 161 ms a step in one profile, 245 in
-    the next)."""
-    if len(samples) < 4:
-        return statistics.median(samples) if len(samples) == 3 else min(samples)
-    half = len(samples) // 2
-    return min(statistics.median(samples[:half]), statistics.median(samples[half:]))
-
-
-def _timed(fn: Callable[[], object]) -> Callable[[], tuple[float]]:
-    def run() -> tuple[float]:
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start,)
-
-    return run
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:
@@ -142,7 +95,7 @@ def _time_block(block: nn.Module, x: torch.Tensor, needs_grad: bool) -> list[flo
         out.backward(grad)
         return mid - start, time.perf_counter() - mid
 
-    return _median_times(run, warm_up=False)
+    return median_times(run, warm_up=False)
 
 
 def _time_optimizer(params: list[nn.Parameter], kind: str) -> float:
@@ -164,7 +117,7 @@ def _time_optimizer(params: list[nn.Parameter], kind: str) -> float:
 
     # the warm-up step allocates the optimizer state; a median of at most OPTIMIZER_REPEATS
     # steps (a few percent of a training step) is plenty
-    seconds = _median_times(run, max_repeats=OPTIMIZER_REPEATS)[0]
+    seconds = median_times(run, max_repeats=OPTIMIZER_REPEATS)[0]
     for p in params:
         p.grad = None
     return seconds
@@ -189,8 +142,8 @@ def _time_loss_and_data(model: nn.Module, train_set, batch: int) -> dict[str, fl
     n = len(train_set)
     x, y = train_set.get(torch.randint(0, n, (batch,)))
     logits = model(x).detach().requires_grad_()
-    loss = _median_times(_timed(lambda: loss_fn(logits, y).backward()))[0]
-    data = _median_times(_timed(lambda: train_set.get(torch.randint(0, n, (batch,)))))[0]
+    loss = median_times(timed(lambda: loss_fn(logits, y).backward()))[0]
+    data = median_times(timed(lambda: train_set.get(torch.randint(0, n, (batch,)))))[0]
     return {"loss_s": loss, "data_s": data}
 
 
@@ -208,131 +161,6 @@ def _others_share(before: tuple[float, float], after: tuple[float, float], wall:
     measured while they ran is inflated, and the profile says so."""
     others = (after[0] - before[0]) - (after[1] - before[1])
     return max(0.0, others / (wall * (os.cpu_count() or 1)))
-
-
-def _status_bytes(key: str) -> int:
-    """A /proc/self/status memory figure. VmHWM, not ru_maxrss, for peaks: Linux carries
-    ru_maxrss over exec from the parent process (here, the profiler)."""
-    return int(re.search(rf"{key}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
-
-
-def baseline_probe() -> None:
-    """Entry point of the memory probe: a fresh process set up as a training worker is.
-
-    Prints its resident set after the set-up (and the peak of it), then the peak resident
-    set of two serial training steps (SGD with momentum) at each batch size, ascending.
-    """
-    args = json.loads(sys.argv[1])
-    import partrain.runner  # noqa: F401  (a worker imports the training machinery)
-
-    keep_freed_memory()  # as a training worker does
-    torch.set_num_threads(args["threads"])
-    data = dict(data_dir=args["data_dir"], synthetic=args["synthetic"])
-    train_set = load_dataset(args["dataset"], "train", **data)
-    load_dataset(args["dataset"], "test", **data)
-    net = build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"])
-    torch.ones(64, 64) @ torch.ones(64, 64)  # start the intra-op thread pool
-    out = {"rss": _status_bytes("VmRSS"), "peak": _status_bytes("VmHWM"), "train_peaks": []}
-    opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
-    for b in sorted(args["batch_sizes"]):
-        x, y = train_set.get(torch.arange(b) % len(train_set))
-        for _ in range(2):  # the first step allocates the momentum, the second runs with it
-            opt.zero_grad(set_to_none=True)
-            loss_fn(net(x), y).backward()
-            opt.step()
-        out["train_peaks"].append(_status_bytes("VmHWM"))
-    steps = args["world_of_one_steps"]
-    out["world_of_one"] = _time_world_of_one(args) if steps else {}
-    x, y = train_set.get(torch.arange(min(args["batch_sizes"])) % len(train_set))
-    out["replica_wrapper"] = _time_replica_wrapper(args, x, y, max(2, steps // 2)) if steps else 0.0
-    print(json.dumps(out))
-
-
-WORLD_OF_ONE = tuple(name for name, spec in SPECS.items() if spec.world_of_one_probe)
-# the first step is left out (the median shrugs off a second slow one); the measured ones take
-# about 0.1 s: 2 steps of a big model, up to 64 of a millisecond one, whose overheads are small
-# differences of short steps that a burst of other work can swamp in a few samples
-WORLD_OF_ONE_WARMUP, WORLD_OF_ONE_TARGET_S, WORLD_OF_ONE_MAX_STEPS = 1, 0.1, 64
-
-
-def world_of_one_steps(step_s: float) -> int:
-    """Measured steps per strategy for a serial step of about ``step_s``: 2 to 64."""
-    return min(WORLD_OF_ONE_MAX_STEPS, max(2, round(WORLD_OF_ONE_TARGET_S / max(step_s, 1e-9))))
-
-
-def _time_world_of_one(args: dict) -> dict[str, float]:
-    """Step time (the lower of its halves' medians) of partrain's own training loop (``train.train_worker``, as a
-    benchmark cell runs it) on a world of one, per strategy in ``WORLD_OF_ONE``, at the
-    smallest profiled batch size: what each strategy's machinery costs beyond the serial
-    loop, which the blocks' times cannot show. Runs in the probe process, after the memory
-    figures were taken."""
-    from partrain.config import RunConfig
-    from partrain.train import train_worker
-
-    batch = min(args["batch_sizes"])
-    base = dict(model=args["model"], dataset=args["dataset"], data_dir=args["data_dir"], synthetic=args["synthetic"],
-                model_options=args["options"], batch_size=batch, steps=WORLD_OF_ONE_WARMUP + args["world_of_one_steps"],
-                evaluate=False, threads=args["threads"], workers=1)
-    out = {}
-    for strategy in WORLD_OF_ONE:
-        result = train_worker(RunConfig(strategy=strategy, **base), LaunchInfo("none"), show_progress=False)
-        out[strategy] = _lower_half_median(result.step_seconds[WORLD_OF_ONE_WARMUP:])
-    torch.set_num_threads(args["threads"])
-    return out
-
-
-def _time_replica_wrapper(args: dict, x: torch.Tensor, y: torch.Tensor, steps: int) -> float:
-    """Seconds a step of the whole model gains inside the replica wrapper a ``hybrid`` puts on
-    each stage when dp > 1 (``strategies.pipeline``: ``fully_shard`` on a (replicate, shard=1)
-    mesh, parameters unsharded once per step): DTensor parameters, the hooks, the gradients'
-    copy into the reduction buffer and out of it, the optimizer stepping DTensors. Timed on a
-    world of one, a new model bare and then wrapped in place, ``steps`` SGD-momentum steps each
-    after a warm-up; the allreduce between replicas is the hardware profile's. A world-of-one
-    hybrid cannot show this: with one replica the stage is not wrapped."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    net, mesh = build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"]), None
-    init_process_group(LaunchInfo("none"), "gloo", timeout_s=300.0)
-    try:
-        bare = _loop_step_s(net, x, y, steps)
-        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "shard"))
-        fully_shard(net, mesh=mesh, reshard_after_forward=False)
-        return max(0.0, _loop_step_s(net, x, y, steps) - bare)
-    finally:
-        # the wrapped module holds the mesh, which holds the group: free them before the group
-        # goes (see train.train_worker)
-        net = mesh = None
-        leave_process_group()
-
-
-def _loop_step_s(net: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> float:
-    """A plain SGD-momentum training step of ``net`` on (x, y): the lower of its halves' medians
-    over ``steps`` steps after the warm-up (a fresh optimizer: ``fully_shard`` replaces the parameters)."""
-    opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
-    samples = []
-    for _ in range(WORLD_OF_ONE_WARMUP + steps):
-        start = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss_fn(net(x), y).backward()
-        opt.step()
-        samples.append(time.perf_counter() - start)
-    return _lower_half_median(samples[WORLD_OF_ONE_WARMUP:])
-
-
-def measure_memory(model: str, dataset: str, input_shape, num_classes: int, batch_sizes: list[int], threads: int,
-                   data_dir, synthetic: bool, options: dict, world_of_one_steps: int = 0) -> dict:
-    """``baseline_probe``'s figures: {"rss", "peak", "train_peaks" (one per batch size),
-    "world_of_one" (step per strategy, the lower of its halves' medians, over ``world_of_one_steps`` steps after warm-up;
-    not measured when 0), "replica_wrapper" (``_time_replica_wrapper``; 0 when not measured)}."""
-    args = {"model": model, "dataset": dataset, "input_shape": list(input_shape), "num_classes": num_classes,
-            "batch_sizes": batch_sizes, "threads": threads, "data_dir": None if data_dir is None else str(data_dir),
-            "synthetic": synthetic, "options": options, "world_of_one_steps": world_of_one_steps}
-    proc = subprocess.run([*python_command(), "-c", "from partrain.profile.model import baseline_probe; baseline_probe()",
-                           json.dumps(args)], capture_output=True, text=True, env=child_env(), timeout=600)
-    if proc.returncode != 0:
-        raise PartrainError(f"measuring the baseline memory failed: {proc.stderr.strip().splitlines()[-1:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int = 1, data_dir=None,

@@ -1,0 +1,158 @@
+"""The memory probe: a fresh process set up as a training worker is, measuring what only a
+fresh process can show (its resident memory after set-up and after a few steps) and what
+partrain's own loop costs on a world of one, per strategy, and inside a hybrid's replica
+wrapper. ``profile.model`` starts it (``measure_memory``) and folds its figures into the profile.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from partrain.data import load_dataset
+from partrain.distributed.launch import (
+    LaunchInfo,
+    init_process_group,
+    keep_freed_memory,
+    leave_process_group,
+)
+from partrain.distributed.spawn import child_env, python_command
+from partrain.errors import PartrainError
+from partrain.models import build_model
+from partrain.profile.timing import lower_half_median
+from partrain.spec import SPECS
+from partrain.strategies.base import (
+    loss_fn,  # class or per-token cross-entropy, as training scores it
+)
+
+
+def _status_bytes(key: str) -> int:
+    """A /proc/self/status memory figure. VmHWM, not ru_maxrss, for peaks: Linux carries
+    ru_maxrss over exec from the parent process (here, the profiler)."""
+    return int(re.search(rf"{key}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+
+def baseline_probe() -> None:
+    """Entry point of the memory probe: a fresh process set up as a training worker is.
+
+    Prints its resident set after the set-up (and the peak of it), then the peak resident
+    set of two serial training steps (SGD with momentum) at each batch size, ascending.
+    """
+    args = json.loads(sys.argv[1])
+    import partrain.runner  # noqa: F401  (a worker imports the training machinery)
+
+    keep_freed_memory()  # as a training worker does
+    torch.set_num_threads(args["threads"])
+    data = dict(data_dir=args["data_dir"], synthetic=args["synthetic"])
+    train_set = load_dataset(args["dataset"], "train", **data)
+    load_dataset(args["dataset"], "test", **data)
+    net = build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"])
+    torch.ones(64, 64) @ torch.ones(64, 64)  # start the intra-op thread pool
+    out = {"rss": _status_bytes("VmRSS"), "peak": _status_bytes("VmHWM"), "train_peaks": []}
+    opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
+    for b in sorted(args["batch_sizes"]):
+        x, y = train_set.get(torch.arange(b) % len(train_set))
+        for _ in range(2):  # the first step allocates the momentum, the second runs with it
+            opt.zero_grad(set_to_none=True)
+            loss_fn(net(x), y).backward()
+            opt.step()
+        out["train_peaks"].append(_status_bytes("VmHWM"))
+    steps = args["world_of_one_steps"]
+    out["world_of_one"] = _time_world_of_one(args) if steps else {}
+    x, y = train_set.get(torch.arange(min(args["batch_sizes"])) % len(train_set))
+    out["replica_wrapper"] = _time_replica_wrapper(args, x, y, max(2, steps // 2)) if steps else 0.0
+    print(json.dumps(out))
+
+
+WORLD_OF_ONE = tuple(name for name, spec in SPECS.items() if spec.world_of_one_probe)
+# the first step is left out (the median shrugs off a second slow one); the measured ones take
+# about 0.1 s: 2 steps of a big model, up to 64 of a millisecond one, whose overheads are small
+# differences of short steps that a burst of other work can swamp in a few samples
+WORLD_OF_ONE_WARMUP, WORLD_OF_ONE_TARGET_S, WORLD_OF_ONE_MAX_STEPS = 1, 0.1, 64
+
+
+def world_of_one_steps(step_s: float) -> int:
+    """Measured steps per strategy for a serial step of about ``step_s``: 2 to 64."""
+    return min(WORLD_OF_ONE_MAX_STEPS, max(2, round(WORLD_OF_ONE_TARGET_S / max(step_s, 1e-9))))
+
+
+def _time_world_of_one(args: dict) -> dict[str, float]:
+    """Step time (the lower of its halves' medians) of partrain's own training loop (``train.train_worker``, as a
+    benchmark cell runs it) on a world of one, per strategy in ``WORLD_OF_ONE``, at the
+    smallest profiled batch size: what each strategy's machinery costs beyond the serial
+    loop, which the blocks' times cannot show. Runs in the probe process, after the memory
+    figures were taken."""
+    from partrain.config import RunConfig
+    from partrain.train import train_worker
+
+    batch = min(args["batch_sizes"])
+    base = dict(model=args["model"], dataset=args["dataset"], data_dir=args["data_dir"], synthetic=args["synthetic"],
+                model_options=args["options"], batch_size=batch, steps=WORLD_OF_ONE_WARMUP + args["world_of_one_steps"],
+                evaluate=False, threads=args["threads"], workers=1)
+    out = {}
+    for strategy in WORLD_OF_ONE:
+        result = train_worker(RunConfig(strategy=strategy, **base), LaunchInfo("none"), show_progress=False)
+        out[strategy] = lower_half_median(result.step_seconds[WORLD_OF_ONE_WARMUP:])
+    torch.set_num_threads(args["threads"])
+    return out
+
+
+def _time_replica_wrapper(args: dict, x: torch.Tensor, y: torch.Tensor, steps: int) -> float:
+    """Seconds a step of the whole model gains inside the replica wrapper a ``hybrid`` puts on
+    each stage when dp > 1 (``strategies.pipeline``: ``fully_shard`` on a (replicate, shard=1)
+    mesh, parameters unsharded once per step): DTensor parameters, the hooks, the gradients'
+    copy into the reduction buffer and out of it, the optimizer stepping DTensors. Timed on a
+    world of one, a new model bare and then wrapped in place, ``steps`` SGD-momentum steps each
+    after a warm-up; the allreduce between replicas is the hardware profile's. A world-of-one
+    hybrid cannot show this: with one replica the stage is not wrapped."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    net, mesh = build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"]), None
+    init_process_group(LaunchInfo("none"), "gloo", timeout_s=300.0)
+    try:
+        bare = _loop_step_s(net, x, y, steps)
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "shard"))
+        fully_shard(net, mesh=mesh, reshard_after_forward=False)
+        return max(0.0, _loop_step_s(net, x, y, steps) - bare)
+    finally:
+        # the wrapped module holds the mesh, which holds the group: free them before the group
+        # goes (see train.train_worker)
+        net = mesh = None
+        leave_process_group()
+
+
+def _loop_step_s(net: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> float:
+    """A plain SGD-momentum training step of ``net`` on (x, y): the lower of its halves' medians
+    over ``steps`` steps after the warm-up (a fresh optimizer: ``fully_shard`` replaces the parameters)."""
+    opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
+    samples = []
+    for _ in range(WORLD_OF_ONE_WARMUP + steps):
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss_fn(net(x), y).backward()
+        opt.step()
+        samples.append(time.perf_counter() - start)
+    return lower_half_median(samples[WORLD_OF_ONE_WARMUP:])
+
+
+def measure_memory(model: str, dataset: str, input_shape, num_classes: int, batch_sizes: list[int], threads: int,
+                   data_dir, synthetic: bool, options: dict, world_of_one_steps: int = 0) -> dict:
+    """``baseline_probe``'s figures: {"rss", "peak", "train_peaks" (one per batch size),
+    "world_of_one" (step per strategy, the lower of its halves' medians, over ``world_of_one_steps`` steps after warm-up;
+    not measured when 0), "replica_wrapper" (``_time_replica_wrapper``; 0 when not measured)}."""
+    args = {"model": model, "dataset": dataset, "input_shape": list(input_shape), "num_classes": num_classes,
+            "batch_sizes": batch_sizes, "threads": threads, "data_dir": None if data_dir is None else str(data_dir),
+            "synthetic": synthetic, "options": options, "world_of_one_steps": world_of_one_steps}
+    proc = subprocess.run([*python_command(), "-c", "from partrain.profile.probe import baseline_probe; baseline_probe()",
+                           json.dumps(args)], capture_output=True, text=True, env=child_env(), timeout=600)
+    if proc.returncode != 0:
+        raise PartrainError(f"measuring the baseline memory failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
