@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from partrain.atomic import write_atomic
 from partrain.config import RunConfig
 from partrain.errors import PartrainError
 from partrain.strategies.base import Stepper
@@ -61,17 +61,11 @@ def _local(value):
     return value
 
 
-def _write_atomic(path: Path, write) -> None:
-    """``write(file)`` into a temporary name, fsync, rename; a full disk is one clear line."""
-    tmp = path.with_name(path.name + ".tmp")
+def _write_atomic(path: Path, content) -> None:
+    """``atomic.write_atomic``, synced to the disk; a full disk is one clear line."""
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
+        write_atomic(path, content, sync=True)
     except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
-        tmp.unlink(missing_ok=True)
         full = getattr(err, "errno", None) == errno.ENOSPC or "No space" in str(err) or "inline_container" in str(err)
         free = shutil.disk_usage(path.parent).free / 2**20 if path.parent.exists() else 0.0
         reason = f"the disk is full ({free:.1f} MB free)" if full or free < 1 else str(err).splitlines()[0]
@@ -96,8 +90,8 @@ def save(directory: str | Path, stepper: Stepper, rank: int, position: dict, met
         dist.barrier()  # every rank's file is whole before the pointer moves
     if rank == 0:
         record = {**meta, "position": {k: position[k] for k in ("epoch", "step", "global_step")}}
-        _write_atomic(step_dir / "meta.json", lambda f: f.write(json.dumps(record, indent=2, default=str).encode()))
-        _write_atomic(directory / POINTER, lambda f: f.write(step_dir.name.encode()))
+        _write_atomic(step_dir / "meta.json", json.dumps(record, indent=2, default=str))
+        _write_atomic(directory / POINTER, step_dir.name)
         for old in directory.glob("step-*"):  # the older sets, and any partial one a kill left
             if old.name != step_dir.name:
                 shutil.rmtree(old, ignore_errors=True)

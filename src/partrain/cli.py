@@ -29,9 +29,9 @@ from partrain.commands.validate import add_validate_parser
 from partrain.config import RunConfig, add_options, check_numbers
 from partrain.errors import PartrainError
 from partrain.report import commands as report_commands
+from partrain.scratch.cli import add_engine_option
 from partrain.serve.command import add_parser as add_serve_parser
 from partrain.sweep.command import add_parser as add_sweep_parser
-from partrain.scratch.cli import add_engine_option
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:

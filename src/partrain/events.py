@@ -16,6 +16,8 @@ import socket
 import time
 from pathlib import Path
 
+from partrain.atomic import write_atomic
+
 _NULL = contextlib.nullcontext()
 
 
@@ -52,16 +54,11 @@ class EventLog:
         if not self.enabled:
             return None
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"rank{self.rank}.jsonl"
-        tmp = path.with_suffix(".tmp")
-        with tmp.open("w") as f:
-            for name, start, end, attrs in self.spans:
-                f.write(json.dumps({"rank": self.rank, "name": name, "start": start, "end": end, **attrs}) + "\n")
-        tmp.replace(path)
+        lines = (json.dumps({"rank": self.rank, "name": name, "start": start, "end": end, **attrs}) + "\n"
+                 for name, start, end, attrs in self.spans)
+        path = write_atomic(self.directory / f"rank{self.rank}.jsonl", lambda f: f.writelines(lines), text=True)
         info = {"rank": self.rank, "wall0": self.wall0, "host": socket.gethostname(), **(meta or {})}
-        meta_path = self.directory / f"rank{self.rank}.meta.json"
-        meta_path.with_suffix(".tmp").write_text(json.dumps(info, default=str))
-        meta_path.with_suffix(".tmp").replace(meta_path)
+        write_atomic(self.directory / f"rank{self.rank}.meta.json", json.dumps(info, default=str))
         return path
 
 

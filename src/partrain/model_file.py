@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from partrain.atomic import write_atomic
 from partrain.errors import PartrainError
 
 FORMAT = "partrain-model-1"
@@ -44,9 +45,7 @@ def save(path: str, model: str, dataset: str, model_options: dict, state_dict: d
     """Write atomically (a temporary name, then a rename): never a torn file."""
     options = {k: list(v) if isinstance(v, tuple) else v for k, v in model_options.items()}
     obj = {"format": FORMAT, "model": model, "dataset": dataset, "model_options": options, "state_dict": state_dict}
-    tmp = f"{path}.tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    write_atomic(path, lambda f: torch.save(obj, f))
 
 
 def load(path: str) -> ModelFile:

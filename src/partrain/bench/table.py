@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from partrain.atomic import write_atomic
 from partrain.bench.store import export_csv, export_json
 from partrain.bench.suite import Cell
 
@@ -65,8 +65,4 @@ def write_export(rows: list[dict], fmt: str, output: str | None) -> None:
     if output is None:
         write(rows, sys.stdout)
         return
-    path = Path(output)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as out:
-        write(rows, out)
-    tmp.replace(path)  # never a half-written export under the real name
+    write_atomic(output, lambda out: write(rows, out), text=True)  # never a half-written export under the real name

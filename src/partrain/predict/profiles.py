@@ -14,6 +14,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from partrain.atomic import write_atomic
 from partrain.errors import PartrainError
 from partrain.predict.fits import CostFit
 
@@ -131,11 +132,7 @@ class HardwareProfile(JsonProfile):
 
 def write_json(path: Path, data: dict) -> Path:
     """Write atomically: a reader never sees half a profile."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
-    return path
+    return write_atomic(path, json.dumps(data, indent=1))
 
 
 @dataclass

@@ -89,14 +89,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def write_outputs(events: str, output: str, args: argparse.Namespace) -> None:
+    from partrain.atomic import write_atomic
     from partrain.report.gantt import write_gantt
     from partrain.report.timeline_html import timeline_page
-    from partrain.report.trace import (
-        chrome_trace,
-        measured_timeline,
-        write_atomic,
-        write_trace,
-    )
+    from partrain.report.trace import chrome_trace, measured_timeline, write_trace
 
     timeline = measured_timeline(events)
     if args.predicted:

@@ -96,6 +96,6 @@ def png_bytes(timeline: Timeline, steps: int = 2) -> bytes:
 
 
 def write_gantt(timeline: Timeline, path: str | os.PathLike, steps: int = 2) -> Path:
-    from partrain.report.trace import write_atomic
+    from partrain.atomic import write_atomic
 
     return write_atomic(path, png_bytes(timeline, steps))

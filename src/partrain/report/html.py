@@ -305,8 +305,8 @@ def timelines(events: list[str], profile_dir: str | None) -> str:
 
 def build_report(store: str | None, output: str, events: list[str], profile_dir: str | None = None,
                  title: str | None = None) -> Path:
+    from partrain.atomic import write_atomic
     from partrain.bench import Store
-    from partrain.report.trace import write_atomic
 
     with Store(store, create=False) as db:
         rows, path = db.rows(), db.path

@@ -30,6 +30,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from partrain.atomic import write_atomic
 from partrain.errors import PartrainError
 from partrain.events import read_events, read_meta
 
@@ -212,16 +213,6 @@ def chrome_trace(timeline: Timeline) -> dict:
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1e3, 4)
-
-
-def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
-    """Write ``data`` to ``path`` through a temporary file and a rename: never half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-    tmp.replace(path)
-    return path
 
 
 def write_trace(timeline: Timeline, path: str | os.PathLike) -> Path:

@@ -18,7 +18,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from partrain.errors import PartrainError
-from partrain.scratch.layers import Layer, Linear, ReLU, Sigmoid, he_normal, xavier_uniform
+from partrain.scratch.layers import (
+    Layer,
+    Linear,
+    ReLU,
+    Sigmoid,
+    he_normal,
+    xavier_uniform,
+)
 
 ACTIVATIONS = {"relu": ReLU, "sigmoid": Sigmoid}
 
