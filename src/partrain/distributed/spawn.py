@@ -155,7 +155,7 @@ def spawn(entrypoint: Callable, args: tuple, nprocs: int, poll_s: float = 0.1) -
         finally:
             if ignore:
                 signal.signal(signal.SIGINT, handler)
-        _restore(saved)
+            _restore(saved)  # the children have their environment; this process gets its own back
         pids = [p.pid for p in context.processes]
         while True:
             codes = [p.exitcode for p in context.processes]
@@ -172,7 +172,6 @@ def spawn(entrypoint: Callable, args: tuple, nprocs: int, poll_s: float = 0.1) -
                 results[rank] = pickle.load(f)
         return results
     finally:
-        _restore(saved)
         if context is not None:
             _stop(context.processes)
         shutil.rmtree(run_dir, ignore_errors=True)

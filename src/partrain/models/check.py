@@ -65,7 +65,7 @@ def _failing_block(name: str, model: nn.Module, x: torch.Tensor, err: Exception)
     for i, block in enumerate(blocks):
         try:
             with torch.no_grad():
-                value = block(*value) if isinstance(value, tuple) else block(value)
+                value = block(value)  # as nn.Sequential chains them: a tuple is one argument
         except Exception as block_err:  # noqa: BLE001 - the user's forward, reported
             reason = str(block_err).splitlines()[0] if str(block_err) else type(block_err).__name__
             return PartrainError(
