@@ -43,7 +43,8 @@ def option(default, help: str, group: str, **kw):
     return field(default=default, metadata={"option": Option(help, group, **kw)})
 
 
-DATA, OPTIM, PARALLEL, RUN = "model and data", "optimization", "parallelism", "run"
+DATA, OPTIM, PARALLEL, RUN, SPEED = "model and data", "optimization", "parallelism", "run", "speed"
+PRECISIONS = ("fp32", "bf16", "fp16")
 MAX_THREADS = 1024  # intra-op threads per worker: beyond this torch's pool fails without a message
 
 
@@ -69,6 +70,9 @@ class Job:
     weight_decay: float = option(0.0, "L2 penalty", OPTIM, lo=0)
     optimizer: str = option("sgd", "optimizer", OPTIM, choices=("sgd", "adam"))
     seed: int = option(0, "seeds weights, data order and synthetic data", OPTIM, lo=0, hi=2**32 - 1)
+    # numerics, so part of the job: a plan is ranked at the precision asked for, never another
+    precision: str = option("fp32", "compute precision: fp32, or bf16/fp16 autocast (fp16 with a gradient scaler)",
+                            SPEED, choices=PRECISIONS)
 
 
 @dataclass
@@ -106,6 +110,11 @@ class Machinery:
     resume: str | None = option(None, "checkpoint directory to resume from", RUN)
     events: str | None = option(None, "directory for per-rank event traces (timelines)", RUN)
     save_model: str | None = option(None, "file to write the trained model's full state_dict into (torch.save)", RUN)
+    # execution only: the same numbers (to rounding), a different speed
+    channels_last: bool = option(False, "4-D activations and weights in channels-last memory format (convolutions on "
+                                 "GPUs)", SPEED)
+    compile: bool = option(False, "torch.compile the model (per pipeline stage); the first steps pay the compilation",
+                           SPEED)
 
 
 # options other commands take beyond the run vocabulary's: name -> (range, integer?)
@@ -233,7 +242,7 @@ class RunConfig(Machinery, Parallelism, Job):
     def __post_init__(self) -> None:
         strategy_spec(self.strategy)  # names the choices when unknown
         check_numbers(dataclasses.asdict(self))
-        for name in ("optimizer", "balance", "backend"):
+        for name in ("optimizer", "balance", "backend", "precision"):
             choices = _options()[name][1].choices
             if getattr(self, name) not in choices and not (name == "backend" and self.backend is None):
                 raise PartrainError(f"unknown {flag_of(name)} {getattr(self, name)!r}: choose {' or '.join(choices)}")
