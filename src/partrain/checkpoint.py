@@ -44,8 +44,11 @@ POINTER = "LATEST"
 MUST_MATCH = ("model", "dataset", "model_options", "synthetic", "limit", "strategy", "workers", "pp", "dp",
               "schedule", "stages_per_worker", "microbatches", "balance", "batch_size", "seed", "optimizer",
               "average_every")
-# a resume may change these; the optimizer's are applied to its state, and said
-MAY_CHANGE = ("lr", "momentum", "weight_decay")
+# a resume may change these, and is told so; the optimizer's are applied to its state. Precision,
+# channels-last and compile change how a step is computed, not what state there is: weights and
+# optimizer state are float32 in every precision (an fp16 run's gradient scaler state is kept in
+# the set and used when fp16 resumes), so a run that diverged in bf16 may go on in fp32.
+MAY_CHANGE = ("lr", "momentum", "weight_decay", "precision", "channels_last", "compile")
 
 
 def _local(value):
@@ -82,6 +85,7 @@ def save(directory: str | Path, stepper: Stepper, rank: int, position: dict, met
     state = {
         "model": _local(stepper.state_modules().state_dict()),
         "optimizer": _local(stepper.optimizer.state_dict()),
+        "scaler": stepper.amp.state_dict(),  # fp16's loss scale and its growth count; {} otherwise
         "position": position,
         "rng": torch.get_rng_state(),
     }
@@ -139,7 +143,8 @@ def resume_config(cfg: RunConfig, meta: dict) -> RunConfig:
                             "resume from another checkpoint or start afresh")
     changed = [f"{k} {saved[k]} -> {getattr(cfg, k)}" for k in MAY_CHANGE if k in saved and saved[k] != getattr(cfg, k)]
     if changed:
-        print(f"partrain: resuming with {', '.join(changed)} (applied to the restored optimizer)", file=sys.stderr)
+        print(f"partrain: resuming with {', '.join(changed)} (lr, momentum and weight decay applied to the restored "
+              "optimizer)", file=sys.stderr)
     if cfg.split_points is None and saved.get("split_points"):
         cfg = cfg.replace(split_points=list(saved["split_points"]))  # the same cut, so each rank's state fits
     return cfg
@@ -160,6 +165,7 @@ def load(directory: str | Path, stepper: Stepper, rank: int, cfg: RunConfig) -> 
             for key, target in stepper.state_modules().state_dict().items():
                 (target.to_local() if isinstance(target, DTensor) else target).copy_(state["model"][key])
         stepper.optimizer.load_state_dict(state["optimizer"])
+        stepper.amp.load_state_dict(state.get("scaler", {}))
         torch.set_rng_state(state["rng"])
         position = state["position"]
     except FileNotFoundError:

@@ -27,6 +27,7 @@ from partrain.errors import PartrainError
 from partrain.models import build_model
 from partrain.models.check import checked_model
 from partrain.strategies.pipeline import check_pipeline
+from partrain.strategies.precision import check_precision
 from partrain.train import EpochHook, RunResult, train_worker
 
 
@@ -43,6 +44,9 @@ def preflight(cfg: RunConfig) -> RunConfig:
         check_pipeline(model, build, cfg, sample)
     if cfg.strategy == "hogwild" and cfg.backend == "nccl":
         raise PartrainError("hogwild shares weights in host memory: run it with --backend gloo")
+    # the workers train on a GPU only with NCCL (the default where every worker has one)
+    on_gpu = torch.cuda.is_available() and cfg.backend != "gloo" and cfg.strategy != "hogwild"
+    check_precision(cfg.precision, "cuda" if on_gpu else "cpu")
     check_machine(cfg)
     check_outputs(cfg)
     if cfg.resume:

@@ -8,6 +8,17 @@ Per step the loop costs: indexing ``batch_size / dp`` rows out of an in-memory t
 (or generating them, for synthetic data), one ``train_step``, and appending a detached
 0-d loss tensor. Nothing is reduced or printed per step except rank 0's progress bar;
 losses and accuracy are reduced once an epoch.
+
+On a GPU nothing in a step waits for the GPU: the data is indexed (or generated) on the
+device, or prefetched from the host on a side stream (``data.feed``); losses stay on the
+device until the epoch's reduction, and the progress bar reads one at most every 0.25 s.
+Step times stay honest without a sync per step: a pair of CUDA events brackets every step,
+and their elapsed times are read once, at the epoch's end (``StepClock``). An event
+pair measures from when the GPU reaches the step's start to when it finishes the step's
+last kernel, which is the step's wall time whether the GPU is the bottleneck (the host has
+queued ahead) or the host is (the GPU waits on each launch); a sync per step would add the
+queue drain to every step instead. fp16's gradient scaler is the exception: it reads its
+overflow flag on the host every step, as it does in any PyTorch loop.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import torch.distributed as dist
 from partrain import __version__, checkpoint, model_file
 from partrain.config import RunConfig
 from partrain.data import load_dataset
+from partrain.data.feed import Feed
 from partrain.distributed.context import DistContext, build_mesh
 from partrain.distributed.launch import (
     LaunchInfo,
@@ -45,6 +57,7 @@ from partrain.strategies.base import (
     world_mean_losses,
 )
 from partrain.strategies.partition import describe
+from partrain.strategies.precision import amp_for
 
 
 @dataclass
@@ -142,9 +155,17 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
     # --- model: the same seed on every worker gives the same initial weights everywhere
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, train_set.spec.input_shape, train_set.spec.num_classes, **cfg.model_options)
+    if cfg.channels_last:  # 4-D weights in NHWC, as the batches will be (a no-op for other models)
+        model.to(memory_format=torch.channels_last)
     blocks = model_blocks(model)
     sample = train_set.get(torch.arange(min(cfg.batch_size, len(train_set))))[0]
     stepper = PARALLELIZE[cfg.strategy](model, blocks, cfg, ctx, sample)
+    stepper.amp = amp_for(cfg, ctx.device, stepper.autocasts_itself, stepper.lockstep_scaler)
+    if cfg.compile:  # after wrapping, per stage for pipelines; the first steps pay for the compilation
+        stepper.compile()
+    # on a GPU the data moves there once (or is prefetched): data.feed
+    train_feed = Feed(train_set, ctx.device, cfg.channels_last)
+    test_feed = Feed(test_set, ctx.device, cfg.channels_last) if test_set is not None else None
     part = getattr(stepper, "partition", None)
     result = RunResult(cfg.to_dict(), ctx.world_size, ctx.backend, threads, count_parameters(model))
     if part is not None:
@@ -164,11 +185,11 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
         for epoch in range(start_epoch, cfg.epochs):
             if done >= total_steps:
                 break
-            order = epoch_order(len(train_set), cfg.seed, epoch)
+            order = train_feed.indices(epoch_order(len(train_set), cfg.seed, epoch))
             first = start_step if epoch == start_epoch else 0
             last = min(steps_per_epoch, first + total_steps - done)
             epoch_start = time.perf_counter()
-            local_losses = run_steps(stepper, train_set, order, range(first, last), cfg.batch_size, ctx.device, result, progress)
+            local_losses = run_steps(stepper, train_feed, order, range(first, last), cfg.batch_size, result, progress)
             done += last - first
             finished = last == steps_per_epoch
             if finished:
@@ -179,8 +200,8 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
             losses = world_mean_losses(stepper, local_losses, ctx.device).tolist()
             result.step_losses += losses
             ep = EpochResult(epoch + 1, len(losses), statistics.fmean(losses), seconds, len(losses) * cfg.batch_size / seconds)
-            if test_set is not None and (finished or done >= total_steps):
-                ep.test_loss, ep.test_accuracy = evaluate(stepper, test_set, cfg.batch_size, ctx.device)
+            if test_feed is not None and (finished or done >= total_steps):
+                ep.test_loss, ep.test_accuracy = evaluate(stepper, test_feed, cfg.batch_size, ctx.device)
             result.epochs.append(ep)
             progress.epoch_done(ep)
             if cfg.checkpoint:
@@ -218,56 +239,84 @@ def _gather_ints(value: int) -> list[int]:
     return out
 
 
-def run_steps(stepper: Stepper, train_set, order: torch.Tensor, steps: range, batch: int, device, result: RunResult,
+def run_steps(stepper: Stepper, feed: Feed, order: torch.Tensor, steps: range, batch: int, result: RunResult,
               progress: StepProgress) -> list[torch.Tensor | None]:
     """The hot loop: load this worker's rows of each global batch, take one step.
 
-    Returns this worker's detached per-step losses; appends each step's wall time
-    (loading included) to ``result.step_seconds``.
+    Returns this worker's detached per-step losses (on the device); appends each step's
+    wall time (loading included) to ``result.step_seconds``, read once at the end.
     """
     losses = []
     events = stepper.events  # spans cost a method call each when events are off
+    clock = StepClock(feed.device)
+    rows = (order[step * batch : (step + 1) * batch][stepper.rows] for step in steps)
+    batches = feed.batches(rows) if stepper.loads_data else None
     for step in steps:
-        start = time.perf_counter()
+        clock.start()
         with events.span("step", step=step):
             with events.span("data", step=step):
-                idx = order[step * batch : (step + 1) * batch][stepper.rows]
-                x, y = _to(train_set.get(idx), device) if stepper.loads_data else (None, None)
+                x, y = next(batches) if batches is not None else (None, None)
             losses.append(stepper.train_step(x, y))
-        result.step_seconds.append(time.perf_counter() - start)
+        clock.stop()
         progress.advance(losses[-1], batch)
+    result.step_seconds += clock.read()
     return losses
 
 
-def _to(batch, device):
-    x, y = batch
-    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+class StepClock:
+    """Every step's wall time: ``perf_counter`` on a CPU; on a GPU a CUDA event pair per step,
+    read once in ``read`` (one sync an epoch; see the module's docstring)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start(self) -> None:
+        self.marks.append(self._mark())
+
+    def stop(self) -> None:
+        self.marks.append(self._mark())
+
+    def read(self) -> list[float]:
+        pairs = zip(self.marks[::2], self.marks[1::2], strict=True)
+        if not self.cuda:
+            return [end - begin for begin, end in pairs]
+        if self.marks:
+            self.marks[-1].synchronize()
+        return [begin.elapsed_time(end) / 1000 for begin, end in pairs]  # elapsed_time is in ms
 
 
 @torch.no_grad()
-def evaluate(stepper: Stepper, test_set, batch_size: int, device: torch.device) -> tuple[float, float]:
+def evaluate(stepper: Stepper, feed: Feed, batch_size: int, device: torch.device) -> tuple[float, float]:
     """Test loss and accuracy over the whole test split, every worker scoring its rows.
 
     Batches keep the training shape (pipelines need it); the last one is padded with
-    sample 0 and the padding is masked out of the counts.
+    sample 0 and the padding is weighted out of the sums. The sums stay on the device
+    until the end: one host read per evaluation, not one per batch.
     """
-    n = len(test_set)
-    totals = torch.zeros(3, dtype=torch.float64)  # summed loss, correct, count
+    n = len(feed)
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # summed loss, correct, count
     for start in range(0, n, batch_size):
-        idx = torch.arange(start, start + batch_size)
+        idx = torch.arange(start, start + batch_size, device=feed.dataset.device)
         valid = idx < n
-        idx[~valid] = 0
+        idx = torch.where(valid, idx, 0)
         idx, valid = idx[stepper.rows], valid[stepper.rows]
-        x, y = _to(test_set.get(idx), device) if stepper.loads_data else (None, None)
+        x, y = feed.get(idx) if stepper.loads_data else (None, None)
         logits = stepper.eval_logits(x, y)
-        if logits is not None:
-            logits, y = logits[valid.to(logits.device)], y[valid.to(y.device)]
-            totals += torch.tensor(  # per sample, or per token for token logits [n, T, V]
-                [loss_fn(logits, y, reduction="sum").item(), (logits.argmax(-1) == y).sum().item(), y.numel()],
-                dtype=torch.float64,
-            )
-    totals = all_reduce_sum(totals, device)
-    return totals[0].item() / totals[2].item(), totals[1].item() / totals[2].item()
+        if logits is not None:  # per sample, or per token for token logits [n, T, V]
+            per = loss_fn(logits.float(), y, reduction="none").view(len(y), -1).double()
+            right = (logits.argmax(-1) == y).view(len(y), -1).double()
+            weight = valid.to(per.device, torch.float64)[:, None]
+            totals += torch.stack([(per * weight).sum(), (right * weight).sum(), weight.sum() * per.shape[1]]).to(device)
+    loss, correct, count = all_reduce_sum(totals, device).tolist()
+    return loss / count, correct / count
 
 
 def peak_memory_bytes(device: torch.device) -> int:

@@ -8,6 +8,7 @@ where per-sample loading would cost more than the step. ``ds[i]`` gives one samp
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
@@ -19,6 +20,16 @@ from partrain.data.spec import DatasetSpec
 class BaseDataset(ABC):
     spec: DatasetSpec
     split: str  # "train" or "test"
+    device = torch.device("cpu")  # where ``get`` takes its indices and returns its batch
+
+    def to(self, device: torch.device) -> BaseDataset | None:
+        """This dataset held on ``device`` (``get`` then indexes there, with no host round trip),
+        or None where it cannot move (it is read or generated on the host)."""
+        return None
+
+    def device_bytes(self) -> int:
+        """The bytes ``to(device)`` would put on the device (``data.feed`` checks they fit)."""
+        return 0
 
     @abstractmethod
     def __len__(self) -> int: ...
@@ -31,7 +42,10 @@ class BaseDataset(ABC):
         indices = torch.as_tensor(indices, dtype=torch.int64)
         if indices.dim() != 1:
             raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")
-        if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= len(self)):
+        # checked on the host only: reading a GPU tensor's min would wait for the GPU every step
+        # (an index out of range there fails in the indexing kernel instead)
+        on_host = indices.device.type == "cpu"
+        if on_host and indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= len(self)):
             raise IndexError(f"indices must be in 0..{len(self) - 1} for {self!r}")
         return self._get(indices)
 
@@ -67,6 +81,19 @@ class ArrayDataset(BaseDataset):
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    @property
+    def device(self) -> torch.device:
+        return self.pixels.device
+
+    def to(self, device: torch.device) -> ArrayDataset:
+        moved = copy.copy(self)  # the bytes move once; a batch is then normalized on the device
+        for name in ("pixels", "labels", "_scale", "_shift"):
+            setattr(moved, name, getattr(self, name).to(device))
+        return moved
+
+    def device_bytes(self) -> int:
+        return self.pixels.nbytes + self.labels.nbytes
 
     def _get(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.pixels[indices].to(torch.float32).mul_(self._scale).add_(self._shift)

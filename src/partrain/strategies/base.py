@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor
 
 from partrain.config import RunConfig
 from partrain.events import EventLog
+from partrain.strategies.precision import Amp
 
 
 def make_optimizer(params, cfg: RunConfig) -> torch.optim.Optimizer:
@@ -50,6 +51,8 @@ class Stepper:
 
     has_loss = True  # does this worker compute the loss (False for non-last pipeline stages)
     loads_data = True  # does this worker need the batch (False for middle pipeline stages)
+    autocasts_itself = False  # FSDP's precision policy or pipeline stages cast; the stepper does not
+    lockstep_scaler = True  # fp16: workers hold different gradients, so they skip overflowed steps together
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, rows: slice, events: EventLog):
         self.module = module  # the (possibly wrapped) module this worker runs
@@ -57,23 +60,37 @@ class Stepper:
         self.rows = rows
         self.events = events
         self.steps = 0
+        self.amp = Amp()  # fp32; the loop sets the run's precision (precision.amp_for)
 
     def train_step(self, x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
-        """One optimizer step; returns this worker's detached loss (None without one)."""
+        """One optimizer step; returns this worker's detached loss (None without one).
+
+        Nothing here reads a tensor on the host: on a GPU the step is only queued, and the
+        loss stays on the device until the epoch's reduction (fp16's scaler excepted).
+        """
         self.optimizer.zero_grad(set_to_none=True)
         loss = self._forward_backward(x, y)
         with self.events.span("optimizer", step=self.steps):
-            self.optimizer.step()
+            self.amp.step(self.optimizer)
         self.after_step()
         self.steps += 1
         return loss
 
     def _forward_backward(self, x, y) -> torch.Tensor | None:
         with self.events.span("forward", step=self.steps):
-            loss = loss_fn(self.module(x), y)
+            with self.amp.autocast():
+                out = self.module(x)
+            loss = loss_fn(out.float(), y)  # the loss in float32 whatever the forward ran in
         with self.events.span("backward", step=self.steps):
-            loss.backward()
+            self.amp.scale(loss).backward()
         return loss.detach()
+
+    def compile(self) -> None:
+        """``torch.compile`` what this worker runs, in place (state_dict keys unchanged).
+
+        The wrapped module: DDP and FSDP are compiled after wrapping, as PyTorch recommends
+        (DDP's optimizer splits the graph at bucket boundaries)."""
+        self.module.compile()
 
     def after_step(self) -> None:
         """Hook after each optimizer step (local SGD averages parameters here)."""
@@ -85,7 +102,8 @@ class Stepper:
         """Logits of this worker's rows in eval mode; None where no logits live (early pipeline stages)."""
         self.module.eval()
         try:
-            return self._eval_forward(x, y)
+            with self.amp.autocast():
+                return self._eval_forward(x, y)
         finally:
             self.module.train()
 
@@ -111,7 +129,7 @@ def world_mean_losses(stepper: Stepper, local: list[torch.Tensor | None], device
     n = len(local)
     buf = torch.zeros(n + 1, dtype=torch.float64)
     if stepper.has_loss:
-        buf[:n] = torch.stack([loss.double().cpu() for loss in local]) if n else buf[:n]
+        buf[:n] = torch.stack(local).double().cpu() if n else buf[:n]  # one copy (one sync), not one per step
         buf[n] = 1.0
     buf = all_reduce_sum(buf, device)
     return buf[:n] / buf[n]

@@ -113,10 +113,11 @@ class Stage(nn.Module):
     which gets the batch). Outputs leave contiguous; float inputs get contiguous gradients.
     """
 
-    def __init__(self, blocks: list[nn.Module], receives: Crossing | None):
+    def __init__(self, blocks: list[nn.Module], receives: Crossing | None, sends: torch.dtype | None = None):
         super().__init__()
         self.blocks = nn.Sequential(*blocks)
         self.receives = receives
+        self.sends = sends  # float outputs leave in this dtype (--precision: bf16/fp16), whatever autocast chose
 
     def forward(self, *args):
         if self.receives is not None:
@@ -124,8 +125,15 @@ class Stage(nn.Module):
         x = tuple(args) if self.receives is not None and self.receives.arity is not None else args[0]
         out = self.blocks(x)
         if isinstance(out, torch.Tensor):
-            return _contiguous(out)
-        return tuple(_contiguous(t) for t in out)
+            return self._leaving(out)
+        return tuple(self._leaving(t) for t in out)
+
+    def _leaving(self, t: torch.Tensor) -> torch.Tensor:
+        # a fixed dtype makes the receiver's buffers (sized once, from stage_examples) right on
+        # any device: CPU and CUDA autocast pick different dtypes for a few ops
+        if self.sends is not None and t.is_floating_point():
+            t = t.to(self.sends)
+        return _contiguous(t)
 
 
 @torch.no_grad()
@@ -144,7 +152,7 @@ def stage_examples(stages: list[Stage], mb_sample: torch.Tensor) -> list[tuple[t
     try:
         examples, args = [], (mb_sample,)
         for s, stage in enumerate(stages):
-            out = stage(*args)
+            out = stage(*(_widened(a) for a in args))
             outs = out if isinstance(out, tuple) else (out,)
             examples.append((tuple(_meta(a, s > 0) for a in args), tuple(_meta(o, True) for o in outs)))
             args = outs
@@ -152,6 +160,12 @@ def stage_examples(stages: list[Stage], mb_sample: torch.Tensor) -> list[tuple[t
     finally:
         for m, mode in modes:
             m.training = mode
+
+
+def _widened(t: torch.Tensor) -> torch.Tensor:
+    # a stage sending bf16/fp16 (--precision) has its receiver run here in float32: the example
+    # records the dtype that crosses, while the CPU needs no autocast to run it
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
 
 
 def _meta(t: torch.Tensor, grad: bool) -> torch.Tensor:

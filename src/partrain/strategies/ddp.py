@@ -53,4 +53,6 @@ def parallelize_ddp(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, c
     if ctx.events.enabled:
         ddp.register_comm_hook(dp_group, traced_allreduce_hook(ctx.events))
     rows = shard_rows(cfg.batch_size, ctx.dims.dp, ctx.dp_rank)
-    return Stepper(ddp, make_optimizer(ddp.parameters(), cfg), rows, ctx.events)
+    stepper = Stepper(ddp, make_optimizer(ddp.parameters(), cfg), rows, ctx.events)
+    stepper.lockstep_scaler = False  # fp16: the allreduced gradients are the same everywhere, so is the verdict
+    return stepper

@@ -5,6 +5,10 @@ forward all-gathers a block's shards just before it runs and frees them after; b
 all-gathers again and reduce-scatters the gradients. Parameters, gradients and optimizer
 state are each 1/dp per worker (Rajbhandari et al., "ZeRO", SC 2020), at about 1.5x the
 communication volume of DDP.
+
+``--precision bf16|fp16`` uses FSDP's ``MixedPrecisionPolicy`` rather than autocast:
+parameters are all-gathered in the low precision (half the bytes) and gradients
+reduce-scattered in float32.
 """
 
 from __future__ import annotations
@@ -15,19 +19,24 @@ from torch.distributed.fsdp import fully_shard
 from partrain.config import RunConfig
 from partrain.distributed.context import DistContext
 from partrain.strategies.base import Stepper, make_optimizer, shard_rows
+from partrain.strategies.precision import fsdp_policy
 
 
 def parallelize_fsdp(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, ctx: DistContext, sample) -> Stepper:
     model.to(ctx.device)
     dp_mesh = ctx.mesh["dp"]
+    policy = fsdp_policy(cfg)  # bf16/fp16: FSDP casts parameters and inputs itself, reduces in float32
+    precision = {"mp_policy": policy} if policy is not None else {}
     for block in blocks:
         # a block sharing a parameter with another (tied embedding and head) stays in the root
         # unit: a parameter belongs to exactly one FSDP unit
         if block is not model and any(p.requires_grad for p in block.parameters()) and not _shares(block, blocks):
-            fully_shard(block, mesh=dp_mesh)
-    fully_shard(model, mesh=dp_mesh)
+            fully_shard(block, mesh=dp_mesh, **precision)
+    fully_shard(model, mesh=dp_mesh, **precision)
     rows = shard_rows(cfg.batch_size, ctx.dims.dp, ctx.dp_rank)
-    return Stepper(model, make_optimizer(model.parameters(), cfg), rows, ctx.events)
+    stepper = Stepper(model, make_optimizer(model.parameters(), cfg), rows, ctx.events)
+    stepper.autocasts_itself = policy is not None
+    return stepper
 
 
 def _shares(block: nn.Module, blocks: list[nn.Module]) -> bool:

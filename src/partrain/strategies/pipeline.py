@@ -48,6 +48,7 @@ from partrain.events import EventLog
 from partrain.strategies.base import Stepper, loss_fn, make_optimizer, shard_rows
 from partrain.strategies.boundary import Stage, probe_boundaries, stage_examples
 from partrain.strategies.partition import Partition, partition, pipeline_refusal
+from partrain.strategies.precision import autocast_for, fsdp_policy, low_dtype, no_autocast
 from partrain.strategies.tied import sum_tied_gradients, tied_groups
 
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
@@ -68,12 +69,14 @@ class Recompute(nn.Module):
 
 
 class SpanStage:
-    """Mixin for a pipelining stage: records a span per micro-batch forward and backward."""
+    """Mixin for a pipelining stage: a span per micro-batch forward and backward, and the
+    forward under the run's autocast (``--precision``; backward is not autocast, as PyTorch advises)."""
 
     events: EventLog
+    autocast = staticmethod(no_autocast)  # the run's precision.autocast_for, set per stage
 
     def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
-        with self.events.span("forward", stage=self.stage_index, mb=fwd_chunk_id):
+        with self.events.span("forward", stage=self.stage_index, mb=fwd_chunk_id), self.autocast():
             return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
 
     def backward_one_chunk(self, bwd_chunk_id, *args, **kwargs):
@@ -82,34 +85,49 @@ class SpanStage:
 
 
 class TracedStage(SpanStage, PipelineStage):
-    def __init__(self, *args, events: EventLog, **kwargs):
+    def __init__(self, *args, events: EventLog, autocast, **kwargs):
         super().__init__(*args, **kwargs)
-        self.events = events
+        self.events, self.autocast = events, autocast
 
 
 class PipelineStepper(Stepper):
-    def __init__(self, stages, modules, schedule, optimizer, rows, events):
+    autocasts_itself = True  # each stage's forward (SpanStage), or FSDP's policy in hybrid
+
+    def __init__(self, stages, modules, optimizer, rows, events, schedule_cls, microbatches: int):
         super().__init__(nn.ModuleList(modules), optimizer, rows, events)
         self.stages = stages
-        self.schedule = schedule
+        self.schedule = schedule_cls(stages if len(stages) > 1 else stages[0], microbatches,
+                                     loss_fn=self._stage_loss, scale_grads=True)
         self.is_first = any(s.is_first for s in stages)
         self.has_loss = any(s.is_last for s in stages)
         self.loads_data = self.is_first or self.has_loss
         self.partition: Partition | None = None
         self.tied = []  # TiedGroups this worker belongs to
+        self._losses: list[torch.Tensor] = []
+
+    def _stage_loss(self, out, y):
+        """The schedule's loss of one micro-batch, on the last stage: float32, scaled for fp16."""
+        loss = loss_fn(out.float(), y)
+        self._losses.append(loss.detach())
+        return self.amp.scale(loss)
 
     def _forward_backward(self, x, y):
-        losses: list[torch.Tensor] = []
-        self.schedule.step(*([x] if self.is_first else []), target=y if self.has_loss else None, losses=losses)
+        self._losses = []
+        self.schedule.step(*([x] if self.is_first else []), target=y if self.has_loss else None)
         sum_tied_gradients(self.tied)
-        return torch.stack(losses).mean().detach() if self.has_loss else None
+        return torch.stack(self._losses).mean() if self.has_loss else None
+
+    def compile(self) -> None:
+        """``torch.compile`` per stage (a stage's module is what its ``PipelineStage`` calls)."""
+        for module in self.module:
+            module.compile()
 
     def _eval_forward(self, x, y):
         return self.schedule.eval(*([x] if self.is_first else []), target=y if self.has_loss else None)
 
 
-def stage_module(blocks: list[nn.Module], recompute: bool, receives) -> Stage:
-    return Stage([Recompute(b) if recompute else b for b in blocks], receives)
+def stage_module(blocks: list[nn.Module], recompute: bool, receives, sends: torch.dtype | None = None) -> Stage:
+    return Stage([Recompute(b) if recompute else b for b in blocks], receives, sends)
 
 
 def choose_partition(blocks: list[nn.Module], n_stages: int, cfg: RunConfig, ctx: DistContext, sample) -> Partition:
@@ -176,17 +194,22 @@ def parallelize_pipeline(
     tied = tied_groups([blocks[a:b] for a, b in part.bounds], pp, ctx.dims.dp, ctx.pp_rank, ctx.dp_rank) if pp > 1 else []
     pp_group = ctx.group("pp")
     stage_ids = [ctx.pp_rank + k * pp for k in range(v)]  # looped placement for interleaving
-    every = [stage_module(blocks[a:b], cfg.recompute, crossings[a - 1] if a else None) for a, b in part.bounds]
+    sends = low_dtype(cfg)  # activations cross in the forward's precision: half the bytes in bf16/fp16
+    every = [stage_module(blocks[a:b], cfg.recompute, crossings[a - 1] if a else None, sends if b < len(blocks) else None)
+             for a, b in part.bounds]
     examples = stage_examples(every, mb_sample)
+    policy = fsdp_policy(cfg) if ctx.dims.dp > 1 else None
+    autocast = (lambda: autocast_for(cfg, ctx.device)) if ctx.dims.dp == 1 else no_autocast
     modules, stages = [], []
     for s in stage_ids:
         module = every[s].to(ctx.device)
-        if ctx.dims.dp > 1:  # hybrid: replicate this stage over its dp group
-            fully_shard(module, mesh=ctx.mesh["dp", "shard"], reshard_after_forward=False)
+        if ctx.dims.dp > 1:  # hybrid: replicate this stage over its dp group (FSDP's policy casts, no autocast)
+            fully_shard(module, mesh=ctx.mesh["dp", "shard"], reshard_after_forward=False,
+                        **({"mp_policy": policy} if policy is not None else {}))
         modules.append(module)
         inputs, outputs = examples[s]
         stages.append(TracedStage(module, s, n_stages, ctx.device, input_args=inputs, output_args=outputs,
-                                  group=pp_group, events=ctx.events))
+                                  group=pp_group, events=ctx.events, autocast=autocast))
     stepper = build_stepper(stages, modules, cfg, ctx)
     stepper.partition, stepper.tied = part, tied
     return stepper
@@ -194,9 +217,8 @@ def parallelize_pipeline(
 
 def build_stepper(stages, modules, cfg: RunConfig, ctx: DistContext) -> PipelineStepper:
     """The schedule over this worker's stages, and one optimizer over their parameters."""
-    schedule_cls = SCHEDULE_CLASSES[cfg.pipeline_schedule]
-    schedule = schedule_cls(stages if len(stages) > 1 else stages[0], cfg.num_microbatches, loss_fn=loss_fn, scale_grads=True)
     params = list({id(p): p for m in modules for p in m.parameters()}.values())  # a tie within a worker counts once
     rows = shard_rows(cfg.batch_size, ctx.dims.dp, ctx.dp_rank)
-    return PipelineStepper(stages, modules, schedule, make_optimizer(params, cfg), rows, ctx.events)
+    return PipelineStepper(stages, modules, make_optimizer(params, cfg), rows, ctx.events,
+                           SCHEDULE_CLASSES[cfg.pipeline_schedule], cfg.num_microbatches)
 

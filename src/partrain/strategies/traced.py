@@ -35,6 +35,7 @@ from partrain.strategies.partition import (
     bounds_from_split_points,
 )
 from partrain.strategies.pipeline import PipelineStepper, SpanStage, build_stepper
+from partrain.strategies.precision import autocast_for
 from partrain.strategies.tied import tied_groups
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential)
@@ -135,14 +136,17 @@ def trace(model: nn.Module, part: Partition, names: list[str], mb_sample):
 
 
 def contiguous_outputs(gm: torch.fx.GraphModule) -> None:
-    """Make every tensor a stage graph returns contiguous (gloo and NCCL send only contiguous buffers)."""
+    """Make every tensor a stage graph returns contiguous (gloo and NCCL send only contiguous buffers),
+    in the dtype the trace recorded: under autocast (``--precision``) a traced stage sends float32,
+    since the receivers' buffers were sized from the float32 trace. A no-op cast in fp32."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
 
     def fix(node):
         if not isinstance(node.meta.get("val"), torch.Tensor):
             return node
         with gm.graph.inserting_before(out):
-            made = gm.graph.call_method("contiguous", (node,))
+            cast = gm.graph.call_method("to", (node, node.meta["val"].dtype))
+            made = gm.graph.call_method("contiguous", (cast,))
         made.meta = dict(node.meta)
         return made
 
@@ -172,7 +176,7 @@ def parallelize_traced(model: nn.Module, cfg, ctx, mb_sample) -> PipelineStepper
     for s in [ctx.pp_rank + k * ctx.dims.pp for k in range(cfg.stages_per_worker)]:
         contiguous_outputs(graphs[s])
         stages.append(GraphStage(graphs[s], s, pipe.info(), ctx.device, ctx.group("pp")))
-        stages[-1].events = ctx.events
+        stages[-1].events, stages[-1].autocast = ctx.events, lambda: autocast_for(cfg, ctx.device)
     stepper = build_stepper(stages, [st.submod for st in stages], cfg, ctx)
     stepper.partition, stepper.tied = part, tied
     stepper.cut_blocks = [model.get_submodule(n) for n in names]
