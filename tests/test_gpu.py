@@ -1,0 +1,123 @@
+"""The GPU path, on a CUDA device (every test here is marked ``gpu``: skipped without CUDA).
+
+Run on a GPU machine from the source tree: ``PYTHONPATH=src python -m pytest -m gpu``.
+Data on the device (moved once, or generated there, the same values as on the CPU), the
+prefetcher for host data, bf16/fp16 steps (fp16 with its scaler, checkpointed), CUDA
+memory accounting, step times from CUDA events, and ``partrain train`` end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from partrain.config import RunConfig
+from partrain.data import load_dataset
+from partrain.data.feed import Feed
+from partrain.runner import run_training
+
+pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda", 0)
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def train(data_dir, **kw):
+    base = dict(data_dir=str(data_dir), model="cnn", steps=30, batch_size=64, evaluate=False, timeout_s=120)
+    return run_training(RunConfig(**{**base, **kw}), show_progress=False)
+
+
+def test_data_that_fits_is_put_on_the_device_once(data_dir):
+    for ds in (load_dataset("mnist", "train", data_dir=data_dir), load_dataset("cifar10", "train", data_dir=data_dir),
+               load_dataset("imagenet", "train")):
+        feed = Feed(ds, CUDA)
+        assert feed.dataset.device.type == "cuda" and not feed.prefetch
+        idx = feed.indices(torch.randperm(len(ds))[:64])
+        x, y = next(feed.batches([idx]))
+        assert x.device.type == y.device.type == "cuda" and x.dtype == torch.float32 and len(y) == 64
+    tokens = Feed(load_dataset("tokens", "train", limit=512), CUDA)
+    assert tokens.dataset.device.type == "cpu" and tokens.prefetch  # generated on the host: prefetched
+
+
+@pytest.mark.parametrize("name", ["cifar10", "imagenet", "mnist"])
+def test_synthetic_on_the_device_equals_synthetic_on_the_cpu(name):
+    cpu = load_dataset(name, "train", synthetic=True, seed=5)
+    gpu = cpu.to(CUDA)
+    idx = torch.tensor([0, 1, 777, len(cpu) - 1])
+    (xc, yc), (xg, yg) = cpu.get(idx), gpu.get(idx.to(CUDA))
+    assert torch.equal(yg.cpu(), yc)
+    # the same arithmetic value by value; bilinear upsampling may round one ulp apart across devices
+    torch.testing.assert_close(xg.cpu(), xc, rtol=0, atol=1e-5)
+
+
+def test_prefetcher_yields_the_plain_batches(data_dir):
+    ds = load_dataset("cifar10", "train", data_dir=data_dir)
+    feed = Feed(ds, CUDA, on_device=False)  # kept on the host: pinned, copied on a side stream
+    assert feed.prefetch
+    order = torch.randperm(len(ds))
+    index_batches = [order[k * 100 : (k + 1) * 100] for k in range(7)]
+    for idx, (x, y) in zip(index_batches, feed.batches(index_batches), strict=True):
+        xc, yc = ds.get(idx)
+        assert x.device.type == "cuda" and torch.equal(x.cpu(), xc) and torch.equal(y.cpu(), yc)
+    tokens = load_dataset("tokens", "train", limit=512)
+    for idx, (x, y) in zip([torch.arange(32)], Feed(tokens, CUDA).batches([torch.arange(32)]), strict=True):
+        assert torch.equal(x.cpu(), tokens.get(idx)[0]) and torch.equal(y.cpu(), tokens.get(idx)[1])
+
+
+def test_bf16_steps_train(data_dir):
+    run = train(data_dir, precision="bf16")
+    assert run.backend == "nccl" and run.step_losses[-1] < 0.7 * run.step_losses[0]
+
+
+def test_fp16_steps_train_with_a_checkpointed_scaler(data_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run = train(data_dir, precision="fp16", checkpoint=str(ckpt), limit=64 * 30, steps=None)
+    assert run.step_losses[-1] < 0.7 * run.step_losses[0]
+    saved = torch.load(ckpt / (ckpt / "LATEST").read_text() / "rank0.pt", weights_only=True)
+    assert saved["scaler"]["scale"] > 0  # the GradScaler's state, to resume fp16 exactly
+    resumed = train(data_dir, precision="fp16", resume=str(ckpt), limit=64 * 30, steps=None, epochs=2)
+    assert len(resumed.step_losses) == 60
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "gpipe", "ddp"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_low_precision_strategies_on_one_gpu_train(data_dir, strategy, precision):
+    run = train(data_dir, precision=precision, strategy=strategy, workers=1,
+                **({"microbatches": 2} if strategy == "gpipe" else {}))
+    assert run.step_losses[-1] < 0.7 * run.step_losses[0]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("strategy", ["fsdp", "gpipe", "ddp"])
+def test_fp16_on_two_gpus_trains(data_dir, strategy):
+    run = train(data_dir, precision="fp16", strategy=strategy, workers=2,
+                **({"microbatches": 2} if strategy == "gpipe" else {}))
+    assert run.step_losses[-1] < 0.7 * run.step_losses[0]
+
+
+def test_cuda_peak_memory_and_event_step_times(data_dir):
+    torch.cuda.reset_peak_memory_stats(CUDA)
+    run = train(data_dir, steps=12)
+    assert 0 < run.peak_memory_bytes <= torch.cuda.max_memory_reserved(CUDA)
+    assert len(run.step_seconds) == 12 and all(0 < s < 10 for s in run.step_seconds)
+
+
+def test_channels_last_and_compile_with_bf16_train(data_dir):
+    run = train(data_dir, model="resnet18", dataset="cifar10", precision="bf16", channels_last=True, compile=True,
+                steps=20, batch_size=128)
+    assert run.step_losses[-1] < run.step_losses[0]
+
+
+def test_partrain_train_end_to_end_on_cuda(data_dir):
+    env = {**os.environ, "PYTHONPATH": str(SRC), "PARTRAIN_DATA_DIR": str(data_dir)}
+    out = subprocess.run([sys.executable, "-P", "-m", "partrain", "train", "--model", "cnn", "--steps", "40",
+                          "--eval-limit", "1000", "--json"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert result["backend"] == "nccl"
+    assert result["step_losses"][-1] < result["step_losses"][0] and result["summary"]["test_accuracy"] > 0.5
