@@ -25,6 +25,7 @@ About 6 minutes on an H100, most of it compiling resnet50 (``--compile-rounds``)
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -113,6 +114,7 @@ def measure(case: Case, steps: int, rounds: int, data_dir: str, device: torch.de
     for _ in range(rounds):
         samples["plain"].append(steady_median(plain_run(case, steps, data_dir, device)))
         samples["partrain"].append(steady_median(partrain_run(case, steps, data_dir)))
+        gc.collect()  # the round's models and data go before the next round allocates
         if device.type == "cuda":
             torch.cuda.empty_cache()
     plain, ours = statistics.median(samples["plain"]), statistics.median(samples["partrain"])

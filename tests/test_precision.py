@@ -163,3 +163,25 @@ def test_compile_gives_the_eager_losses(data_dir):
     eager = train(data_dir, model="mlp")
     compiled = train(data_dir, model="mlp", compile=True)
     _close(compiled.step_losses, eager.step_losses, rel=1e-4)
+
+
+IMAGE = dict(dataset="mnist", synthetic=True, limit=1024)
+SLOW_CASES = [  # (model, data, strategy options, equal to bf16 serial?)
+    ("tests.gallery:traced", IMAGE, dict(strategy="gpipe", workers=2, microbatches=2), True),  # the tracer's stages
+    ("tests.gallery:tied", dict(dataset="tokens@16", limit=1024, lr=0.5), dict(strategy="1f1b", workers=2, microbatches=2), True),
+    ("mlp", {}, dict(strategy="hybrid", workers=2, pp=1, dp=2), True),  # FSDP's policy on a replicated stage
+    ("mlp", {}, dict(strategy="hybrid", workers=2, pp=2, dp=1, microbatches=2), True),
+    ("mlp", {}, dict(strategy="local-sgd", workers=2), False),
+    ("mlp", {}, dict(strategy="hogwild", workers=2), False),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+@pytest.mark.parametrize("model,data,overrides,equal", SLOW_CASES,
+                         ids=[f"{c[0].split(':')[-1]}-{c[2]['strategy']}-{c[2].get('pp', '')}" for c in SLOW_CASES])
+def test_bf16_every_strategy_trains(data_dir, model, data, overrides, equal):
+    run = train(data_dir, model=model, precision="bf16", **data, **overrides)
+    assert run.step_losses[-1] < run.step_losses[0]
+    if equal:
+        _close(run.step_losses, train(data_dir, model=model, precision="bf16", **data).step_losses, rel=0.02)
