@@ -113,9 +113,15 @@ class PipelineStepper(Stepper):
 
     def _forward_backward(self, x, y):
         self._losses = []
-        self.schedule.step(*([x] if self.is_first else []), target=y if self.has_loss else None)
+        self.schedule.step(*self._inputs(x), target=y if self.has_loss else None)
         sum_tied_gradients(self.tied)
         return torch.stack(self._losses).mean() if self.has_loss else None
+
+    def _inputs(self, x) -> list:
+        # the first stage's input as its example recorded it: contiguous (a token window is a
+        # strided view, a --channels-last batch NHWC; torch 2.11 checks the strides). A no-op
+        # for a contiguous batch
+        return [x.contiguous()] if self.is_first else []
 
     def compile(self) -> None:
         """``torch.compile`` per stage (a stage's module is what its ``PipelineStage`` calls)."""
@@ -123,7 +129,7 @@ class PipelineStepper(Stepper):
             module.compile()
 
     def _eval_forward(self, x, y):
-        return self.schedule.eval(*([x] if self.is_first else []), target=y if self.has_loss else None)
+        return self.schedule.eval(*self._inputs(x), target=y if self.has_loss else None)
 
 
 def stage_module(blocks: list[nn.Module], recompute: bool, receives, sends: torch.dtype | None = None) -> Stage:
@@ -194,9 +200,11 @@ def parallelize_pipeline(
     tied = tied_groups([blocks[a:b] for a, b in part.bounds], pp, ctx.dims.dp, ctx.pp_rank, ctx.dp_rank) if pp > 1 else []
     pp_group = ctx.group("pp")
     stage_ids = [ctx.pp_rank + k * pp for k in range(v)]  # looped placement for interleaving
-    sends = low_dtype(cfg)  # activations cross in the forward's precision: half the bytes in bf16/fp16
-    every = [stage_module(blocks[a:b], cfg.recompute, crossings[a - 1] if a else None, sends if b < len(blocks) else None)
-             for a, b in part.bounds]
+    # bf16/fp16: activations cross in the forward's precision (half the bytes); the last stage's
+    # logits leave in float32, for the loss (and the dtype its example recorded: torch checks it)
+    low = low_dtype(cfg)
+    every = [stage_module(blocks[a:b], cfg.recompute, crossings[a - 1] if a else None,
+                          low if b < len(blocks) or low is None else torch.float32) for a, b in part.bounds]
     examples = stage_examples(every, mb_sample)
     policy = fsdp_policy(cfg) if ctx.dims.dp > 1 else None
     autocast = (lambda: autocast_for(cfg, ctx.device)) if ctx.dims.dp == 1 else no_autocast
