@@ -171,6 +171,7 @@ SLOW_CASES = [  # (model, data, strategy options, equal to bf16 serial?)
     ("tests.gallery:tied", dict(dataset="tokens@16", limit=1024, lr=0.5), dict(strategy="1f1b", workers=2, microbatches=2), True),
     ("mlp", {}, dict(strategy="hybrid", workers=2, pp=1, dp=2), True),  # FSDP's policy on a replicated stage
     ("mlp", {}, dict(strategy="hybrid", workers=2, pp=2, dp=1, microbatches=2), True),
+    ("cnn", {}, dict(strategy="fsdp", workers=2, channels_last=True), True),  # FSDP keeps its parameters contiguous
     ("mlp", {}, dict(strategy="local-sgd", workers=2), False),
     ("mlp", {}, dict(strategy="hogwild", workers=2), False),
 ]
@@ -179,7 +180,8 @@ SLOW_CASES = [  # (model, data, strategy options, equal to bf16 serial?)
 @pytest.mark.slow
 @pytest.mark.multiproc
 @pytest.mark.parametrize("model,data,overrides,equal", SLOW_CASES,
-                         ids=[f"{c[0].split(':')[-1]}-{c[2]['strategy']}-{c[2].get('pp', '')}" for c in SLOW_CASES])
+                         ids=[f"{c[0].split(':')[-1]}-{c[2]['strategy']}-{c[2].get('pp', '')}{'-nhwc' if c[2].get('channels_last') else ''}"
+                              for c in SLOW_CASES])
 def test_bf16_every_strategy_trains(data_dir, model, data, overrides, equal):
     run = train(data_dir, model=model, precision="bf16", **data, **overrides)
     assert run.step_losses[-1] < run.step_losses[0]

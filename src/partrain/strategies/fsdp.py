@@ -13,6 +13,7 @@ reduce-scattered in float32.
 
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 
@@ -23,7 +24,9 @@ from partrain.strategies.precision import fsdp_policy
 
 
 def parallelize_fsdp(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, ctx: DistContext, sample) -> Stepper:
-    model.to(ctx.device)
+    # FSDP shards contiguous parameters only: with --channels-last the batches alone are NHWC
+    # (cuDNN picks NHWC convolutions for NHWC inputs)
+    model.to(ctx.device, memory_format=torch.contiguous_format)
     dp_mesh = ctx.mesh["dp"]
     policy = fsdp_policy(cfg)  # bf16/fp16: FSDP casts parameters and inputs itself, reduces in float32
     precision = {"mp_policy": policy} if policy is not None else {}

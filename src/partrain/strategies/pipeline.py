@@ -212,6 +212,7 @@ def parallelize_pipeline(
     for s in stage_ids:
         module = every[s].to(ctx.device)
         if ctx.dims.dp > 1:  # hybrid: replicate this stage over its dp group (FSDP's policy casts, no autocast)
+            module.to(memory_format=torch.contiguous_format)  # FSDP takes contiguous parameters only (--channels-last)
             fully_shard(module, mesh=ctx.mesh["dp", "shard"], reshard_after_forward=False,
                         **({"mp_policy": policy} if policy is not None else {}))
         modules.append(module)
