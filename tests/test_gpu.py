@@ -42,6 +42,7 @@ def test_data_that_fits_is_put_on_the_device_once(data_dir):
         assert x.device.type == y.device.type == "cuda" and x.dtype == torch.float32 and len(y) == 64
     tokens = Feed(load_dataset("tokens", "train", limit=512), CUDA)
     assert tokens.dataset.device.type == "cpu" and tokens.prefetch  # generated on the host: prefetched
+    assert not Feed(load_dataset("mnist", "test", data_dir=data_dir), torch.device("cuda")).prefetch  # "cuda" is cuda:N
 
 
 @pytest.mark.parametrize("name", ["cifar10", "imagenet", "mnist"])
@@ -118,6 +119,6 @@ def test_partrain_train_end_to_end_on_cuda(data_dir):
     out = subprocess.run([sys.executable, "-P", "-m", "partrain", "train", "--model", "cnn", "--steps", "40",
                           "--eval-limit", "1000", "--json"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["backend"] == "nccl"
     assert result["step_losses"][-1] < result["step_losses"][0] and result["summary"]["test_accuracy"] > 0.5

@@ -74,6 +74,7 @@ class ArrayDataset(BaseDataset):
         if labels.dtype != torch.int64 or labels.shape != pixels.shape[:1]:
             raise ValueError(f"labels must be int64 [{len(pixels)}], got {labels.dtype} {tuple(labels.shape)}")
         self.spec, self.split, self.pixels, self.labels = spec, split, pixels, labels
+        self._normalized = None  # the whole split as float32, once on a device (``to``)
         mean_t = torch.tensor(mean, dtype=torch.float64).view(-1, 1, 1)
         std_t = torch.tensor(std, dtype=torch.float64).view(-1, 1, 1)
         self._scale = (scale / std_t).float()
@@ -87,14 +88,21 @@ class ArrayDataset(BaseDataset):
         return self.pixels.device
 
     def to(self, device: torch.device) -> ArrayDataset:
-        moved = copy.copy(self)  # the bytes move once; a batch is then normalized on the device
+        """On a device the whole split is normalized once (float32: MNIST 188 MB, CIFAR-10 614 MB),
+        so a batch is two gathers, not five kernels: what a small model's step notices."""
+        moved = copy.copy(self)
         for name in ("pixels", "labels", "_scale", "_shift"):
             setattr(moved, name, getattr(self, name).to(device))
+        moved._normalized = moved._normalize(moved.pixels)  # the same arithmetic as per batch: the same values
         return moved
 
     def device_bytes(self) -> int:
-        return self.pixels.nbytes + self.labels.nbytes
+        return 5 * self.pixels.nbytes + self.labels.nbytes  # the bytes and their float32 normalization
+
+    def _normalize(self, pixels: torch.Tensor) -> torch.Tensor:
+        return pixels.to(torch.float32).mul_(self._scale).add_(self._shift)
 
     def _get(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.pixels[indices].to(torch.float32).mul_(self._scale).add_(self._shift)
-        return x, self.labels[indices]
+        if self._normalized is not None:
+            return self._normalized[indices], self.labels[indices]
+        return self._normalize(self.pixels[indices]), self.labels[indices]

@@ -3,12 +3,12 @@
 Three paths, chosen once per dataset by ``Feed``:
 
 - CPU training: ``dataset.get(idx)``, as ever (nothing moves, nothing changes).
-- GPU, data that fits: the dataset is moved to the GPU once (``dataset.to(device)``: the
-  stored bytes of MNIST, CIFAR-10 or OCR letters; synthetic data's templates and noise
+- GPU, data that fits: the dataset is moved to the GPU once (``dataset.to(device)``: MNIST,
+  CIFAR-10 or OCR letters, normalized there once; synthetic data's templates and noise
   tiles, from which every batch is then generated there) and indexed there with indices
   already on the GPU, so a batch costs a few kernels and no host round trip. "Fits" means
-  at most ``DEVICE_SHARE`` of the GPU's free memory (MNIST's 47 MB and CIFAR-10's 150 MB
-  are far below it), leaving the rest to the model.
+  at most ``DEVICE_SHARE`` of the GPU's free memory (MNIST takes 235 MB there, CIFAR-10
+  768 MB: far below it on a GPU that trains them), leaving the rest to the model.
 - GPU, data that must stay on the host (token data, or a dataset too big): a prefetcher
   (after NVIDIA's apex ``data_prefetcher``): each batch is copied into pinned memory and
   sent with a non-blocking copy on a side CUDA stream while the current step runs; the
@@ -43,6 +43,9 @@ class Feed:
     """One dataset's batches on ``device``: indexed on the device where the data is, else prefetched."""
 
     def __init__(self, dataset: BaseDataset, device: torch.device, channels_last: bool = False, on_device: bool = True):
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # "cuda" is the current GPU: name it, so devices compare
+            device = torch.device("cuda", torch.cuda.current_device())
         self.dataset = place(dataset, device) if on_device else dataset
         self.device = device
         self.channels_last = channels_last
