@@ -38,7 +38,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from partrain.profile.cache import fingerprint, hardware_for, load_or_profile
     from partrain.report.plots import plot_scatter
     from partrain.report.tables import report_tables
-    from partrain.validate import validate
+    from partrain.validate import error_signs, validate
 
     with Store(args.store, create=False) as store:
         rows = store.rows()
@@ -56,15 +56,31 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.recommendations:
         return _report_recommendations(report, args.json)
     png = plot_scatter(report, args.plot)
+    signs = error_signs(report.cases, workers=2)
     if args.json:
-        print(json.dumps({**report.to_dict(), "plot": str(png)}))
+        print(json.dumps({**report.to_dict(), "plot": str(png), "error_signs_2_workers": {
+            s: {"cells": n, "over": over, "under": under} for s, (n, over, under) in signs.items()}}))
         return 0
     for table in report_tables(report, args.worst):
         print_table(table)
+    _print_error_signs(signs)
     for line in report.skipped:
         print(f"  skipped {line}")
     print(f"plot: {png}")
     return 0
+
+
+def _print_error_signs(signs: dict) -> None:
+    """One line per strategy: how its 2-worker errors split between over and under; the
+    strategies whose errors all lean one way named last (a bias, not noise)."""
+    from partrain.validate import one_sided
+
+    if not signs:
+        return
+    print("2-worker errors by sign: " + "; ".join(f"{s} {over} over, {under} under of {n}"
+                                                  for s, (n, over, under) in signs.items()))
+    biased = one_sided(signs)
+    print(f"  all one sign: {', '.join(biased)}" if biased else "  no strategy whose 2-worker errors all share one sign")
 
 
 def _report_recommendations(report, as_json: bool) -> int:

@@ -52,13 +52,19 @@ def _serial(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Predictio
 def predict_plan(profile: ModelProfile, hardware: HardwareProfile, plan: Plan) -> Prediction:
     """Seconds per step and epoch, peak memory per worker and the time breakdown of ``plan``."""
     cost = plan.spec.cost  # the strategy's cost model, as its StrategySpec names it
+    env = environment(hardware, plan)
+    threads = env.threads
+    hardware, sharing = compute.with_model_sharing(profile, hardware, threads, env.local_workers)  # the model's own
     if cost == "serial":
         pred = _serial(profile, hardware, plan)
     elif cost == "pipeline":
         pred = _pipeline(profile, hardware, plan)
     else:
         pred = _data_parallel(profile, hardware, plan)
-    threads = environment(hardware, plan).threads
+    env = environment(hardware, plan)
+    if env.local_workers > 1:  # where the factor that slows co-located workers came from
+        note = f"compute of {env.local_workers} workers side by side: {env.sharing_slowdown(env.local_workers):.2f}x ({sharing})"
+        pred = dataclasses.replace(pred, notes=(*pred.notes, note))
     if threads != profile.threads:
         note = f"model profiled with {profile.threads} threads per worker, plan runs {threads}"
         pred = dataclasses.replace(pred, notes=(*pred.notes, note))

@@ -39,7 +39,9 @@ from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
 from partrain.predict.machine import fingerprint
 from partrain.predict.profiles import BlockProfile, ModelProfile
+from partrain.profile import outputs
 from partrain.profile.probe import measure_memory, world_of_one_steps
+from partrain.profile.sharing import profile_sharing, sharing_workers
 from partrain.profile.timing import median_times, timed
 from partrain.progress import phase
 from partrain.strategies.base import (
@@ -58,7 +60,7 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
     return s.data_ptr(), s.nbytes()
 
 
-def _inspect_block(block: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int, bool, bool, int]:
+def _inspect_block(block: nn.Module, x) -> tuple[torch.Tensor, int, bool, bool, int]:
     """One instrumented forward + backward: (output, saved bytes, saves input, saves output, FLOPs)."""
     saved: dict[int, int] = {}
 
@@ -69,16 +71,17 @@ def _inspect_block(block: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int
 
     with FlopCounterMode(display=False) as flops, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = block(x)
-        out.backward(torch.ones_like(out))
+        outputs.backward(out)  # a tensor, or a tuple of them (profile.outputs)
     owned = {_storage(t)[0] for t in [*block.parameters(), *block.buffers()]}
-    in_ptr, out_ptr = _storage(x)[0], _storage(out)[0]
-    activations = sum(n for ptr, n in saved.items() if ptr not in owned and ptr not in (in_ptr, out_ptr))
-    saves_output = out_ptr in saved
-    activations += saved[out_ptr] if saves_output else 0
-    return out.detach(), activations, in_ptr in saved, saves_output, flops.get_total_flops()
+    in_ptrs, out_ptrs = {_storage(t)[0] for t in outputs.tensors(x)}, {_storage(t)[0] for t in outputs.tensors(out)}
+    activations = sum(n for ptr, n in saved.items() if ptr not in owned and ptr not in in_ptrs | out_ptrs)
+    saves_output = any(ptr in saved for ptr in out_ptrs)
+    activations += sum(saved[ptr] for ptr in out_ptrs if ptr in saved)
+    return (outputs.detached(out, False), activations, any(ptr in saved for ptr in in_ptrs), saves_output,
+            flops.get_total_flops())
 
 
-def _time_block(block: nn.Module, x: torch.Tensor, needs_grad: bool) -> list[float]:
+def _time_block(block: nn.Module, x, needs_grad: bool) -> list[float]:
     """Median [forward, backward] seconds of ``block`` on ``x``, with fresh gradients each time
     (the training loop zeroes them to None every step). No warm-up of its own: the caller has
     just run the block forward and backward once to count its FLOPs and saved bytes."""
@@ -87,12 +90,11 @@ def _time_block(block: nn.Module, x: torch.Tensor, needs_grad: bool) -> list[flo
     def run() -> tuple[float, float]:
         nonlocal grad
         block.zero_grad(set_to_none=True)
-        inp = x.detach().requires_grad_(needs_grad)
+        inp = outputs.detached(x, needs_grad)
         start = time.perf_counter()
         out = block(inp)
         mid = time.perf_counter()
-        grad = torch.ones_like(out) if grad is None else grad
-        out.backward(grad)
+        grad = outputs.backward(out, grad)
         return mid - start, time.perf_counter() - mid
 
     return median_times(run, warm_up=False)
@@ -123,14 +125,14 @@ def _time_optimizer(params: list[nn.Parameter], kind: str) -> float:
     return seconds
 
 
-def _profile_blocks(blocks: list[nn.Module], x: torch.Tensor) -> list[dict]:
+def _profile_blocks(blocks: list[nn.Module], x) -> list[dict]:
     """Per block at one batch size: times, bytes and FLOPs, each block fed the previous one's output."""
     rows = []
     for i, block in enumerate(blocks):
         needs_grad = i > 0  # the data does not need a gradient: block 0 skips its input gradient
-        out, saved, saves_in, saves_out, flops = _inspect_block(block, x.detach().requires_grad_(needs_grad))
+        out, saved, saves_in, saves_out, flops = _inspect_block(block, outputs.detached(x, needs_grad))
         fwd, bwd = _time_block(block, x, needs_grad)
-        rows.append({"fwd_s": fwd, "bwd_s": bwd, "out_bytes": out.numel() * out.element_size(),
+        rows.append({"fwd_s": fwd, "bwd_s": bwd, "out_bytes": outputs.nbytes(out),
                      "saved_bytes": saved, "saves_input": saves_in, "saves_output": saves_out, "flops": flops})
         block.zero_grad(set_to_none=True)
         x = out
@@ -198,15 +200,25 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
     memory = measure_memory(model, dataset, spec.input_shape, spec.num_classes, batch_sizes, threads, data_dir, synthetic,
                             options, world_of_one_steps(step_s))
     whole = {key: [w[key] for _, w in per_batch] for key in per_batch[0][1]}
+    sharing_batch = batch_sizes[len(batch_sizes) // 2]  # the middle profiled size (profile.sharing)
+    phase(f"profile {model}", f"its compute with 2..{sharing_workers()} workers side by side (fresh processes)")
+    torch.set_num_threads(threads)
+    job = dict(model=model, dataset=dataset, input_shape=list(spec.input_shape), num_classes=spec.num_classes,
+               threads=threads, data_dir=None if data_dir is None else str(data_dir), synthetic=synthetic,
+               options=options, seed=seed)
+    try:
+        sharing = profile_sharing(net, train_set, sharing_batch, job)
+    finally:
+        torch.set_num_threads(saved_threads)
     return ModelProfile(
         model=model, dataset=dataset, synthetic=synthetic, batch_sizes=batch_sizes, threads=threads,
         fingerprint=fingerprint().hash, input_shape=list(spec.input_shape),
-        input_bytes=4 * int(torch.tensor(spec.input_shape).prod()), train_samples=len(train_set),
+        input_bytes=outputs.nbytes(train_set.get(torch.arange(1))[0]), train_samples=len(train_set),  # int64 ids: 8 each
         blocks=block_profiles, loss_s=whole["loss_s"], data_s=whole["data_s"],
         optimizer_s=optimizer_s, baseline_rss_bytes=memory["rss"], baseline_peak_rss_bytes=memory["peak"],
         train_peak_rss_bytes=memory["train_peaks"], replica_wrapper_s=memory["replica_wrapper"], profile_seconds=time.perf_counter() - started,
         other_load=others, options=options, world_of_one_s=memory["world_of_one"],
-        world_of_one_batch=min(batch_sizes),
+        world_of_one_batch=min(batch_sizes), compute_sharing=sharing, sharing_batch=sharing_batch,
     )
 
 
