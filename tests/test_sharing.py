@@ -17,7 +17,7 @@ from partrain.predict.cluster import load_cluster
 from partrain.predict.profiles import BlockProfile, ModelProfile
 from partrain.profile import outputs
 from partrain.profile.model import _profile_blocks, profile_model
-from partrain.profile.sharing import measure_sharing, sharing_factors, training_step
+from partrain.profile.sharing import CoRunners, measure_sharing, sharing_factors, training_step
 
 EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster.toml"
 
@@ -84,7 +84,7 @@ def test_a_module_without_blocks_is_one_block(two_cores):
 
     whole = dataclasses.replace(_profile(two_cores.fingerprint, {2: 1.1}), blocks=[_block("", 3e-3)])
     assert predict_plan(whole, two_cores, Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)).seconds_per_step > 0
-    with pytest.raises(PartrainError, match="only 1 blocks"):
+    with pytest.raises(PartrainError, match="one block to the profiler.*return \\(module, blocks\\)"):
         predict_plan(whole, two_cores, Plan("gpipe", workers=2, batch_size=32, microbatches=2, schedule="gpipe", pp=2,
                                             threads=1))
 
@@ -106,7 +106,8 @@ def test_the_probe_measures_a_sane_factor_with_two_processes():
                num_classes=train_set.spec.num_classes, threads=1, data_dir=None, synthetic=True, options={}, seed=0,
                batch=16)
     x, y = train_set.get(torch.arange(16))
-    raw = measure_sharing(training_step(net, x, y), job, workers=2, window_s=0.02, rounds=2, timeout_s=120)
+    with CoRunners(1, job, timeout_s=120) as others:
+        raw = measure_sharing(training_step(net, x, y), others, window_s=0.02, rounds=2)
     assert set(raw) == {2}
     assert all(v > 0 for v in raw[2].values())
     factor = sharing_factors(raw)[2]
@@ -118,8 +119,8 @@ def test_a_broken_corunner_is_one_clear_error():
 
     job = dict(model="no-such-model", dataset="mnist", input_shape=[1, 28, 28], num_classes=10, threads=1,
                data_dir=None, synthetic=True, options={}, seed=0, batch=4)
-    with pytest.raises(PartrainError, match="co-runner exited"):
-        measure_sharing(lambda: None, job, workers=2, timeout_s=120)
+    with pytest.raises(PartrainError, match="co-runner exited"), CoRunners(1, job, timeout_s=120) as others:
+        measure_sharing(lambda: None, others)
 
 
 # ---- the profiler on tuples and token ids ----------------------------------------------------

@@ -41,7 +41,7 @@ from partrain.predict.machine import fingerprint
 from partrain.predict.profiles import BlockProfile, ModelProfile
 from partrain.profile import outputs
 from partrain.profile.probe import measure_memory, world_of_one_steps
-from partrain.profile.sharing import profile_sharing, sharing_workers
+from partrain.profile.sharing import profile_sharing, start_corunners
 from partrain.profile.timing import median_times, timed
 from partrain.progress import phase
 from partrain.strategies.base import (
@@ -196,20 +196,22 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
     others = _others_share(load_before, _cpu_seconds(), time.perf_counter() - started)
     first = per_batch[0]  # the smallest batch size: the world-of-one runs' estimated step sets their length
     step_s = sum(r["fwd_s"] + r["bwd_s"] for r in first[0]) + sum(first[1].values()) + optimizer_s["sgd-momentum"]
-    phase(f"profile {model}", "memory and the training loop of serial, DDP and local SGD on a world of one (a fresh process)")
-    memory = measure_memory(model, dataset, spec.input_shape, spec.num_classes, batch_sizes, threads, data_dir, synthetic,
-                            options, world_of_one_steps(step_s))
-    whole = {key: [w[key] for _, w in per_batch] for key in per_batch[0][1]}
     sharing_batch = batch_sizes[len(batch_sizes) // 2]  # the middle profiled size (profile.sharing)
-    phase(f"profile {model}", f"its compute with 2..{sharing_workers()} workers side by side (fresh processes)")
-    torch.set_num_threads(threads)
-    job = dict(model=model, dataset=dataset, input_shape=list(spec.input_shape), num_classes=spec.num_classes,
-               threads=threads, data_dir=None if data_dir is None else str(data_dir), synthetic=synthetic,
-               options=options, seed=seed)
+    # the sharing probe's co-runners start now: their start-up overlaps the memory probe's
+    corunners = start_corunners(dict(model=model, dataset=dataset, input_shape=list(spec.input_shape),
+                                     num_classes=spec.num_classes, threads=threads, data_dir=None if data_dir is None
+                                     else str(data_dir), synthetic=synthetic, options=options, seed=seed), sharing_batch)
     try:
-        sharing = profile_sharing(net, train_set, sharing_batch, job)
+        phase(f"profile {model}", "memory and the training loop of serial, DDP and local SGD on a world of one (a fresh process)")
+        memory = measure_memory(model, dataset, spec.input_shape, spec.num_classes, batch_sizes, threads, data_dir, synthetic,
+                                options, world_of_one_steps(step_s))
+        phase(f"profile {model}", f"its compute with 2..{corunners.n + 1} workers side by side (fresh processes)")
+        torch.set_num_threads(threads)
+        sharing = profile_sharing(net, train_set, sharing_batch, corunners)
     finally:
         torch.set_num_threads(saved_threads)
+        corunners.close()
+    whole = {key: [w[key] for _, w in per_batch] for key in per_batch[0][1]}
     return ModelProfile(
         model=model, dataset=dataset, synthetic=synthetic, batch_sizes=batch_sizes, threads=threads,
         fingerprint=fingerprint().hash, input_shape=list(spec.input_shape),

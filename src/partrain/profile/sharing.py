@@ -96,18 +96,32 @@ def _say(word: str) -> None:
 
 
 class CoRunners:
-    """``n`` co-runner processes; ``busy(j)`` sets the first ``j`` running, ``idle()`` stops them."""
+    """``n`` co-runner processes; ``busy(j)`` sets the first ``j`` running, ``idle()`` stops them.
+
+    They start at once and are waited for at the first command: the profiler starts them
+    before its memory probe, whose own start-up (importing torch, loading the data) is not
+    timed, so that theirs costs no wall time of its own; they are asleep on their stdin,
+    built and warm, long before the probe times anything."""
 
     def __init__(self, n: int, args: dict, timeout_s: float = START_TIMEOUT_S):
         from partrain.distributed.spawn import child_env, python_command
 
-        self.timeout_s, self.running = timeout_s, 0
+        self.timeout_s, self.running, self.started = timeout_s, 0, False
         self.errors = [tempfile.TemporaryFile() for _ in range(n)]
         code = "from partrain.profile.sharing import corunner; corunner()"
         self.procs = [subprocess.Popen([*python_command(), "-c", code, json.dumps(args)], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=err, env=child_env()) for err in self.errors]
-        for i in range(n):
-            self._expect(i, "ready")
+
+    @property
+    def n(self) -> int:
+        return len(self.procs)
+
+    def wait_ready(self) -> None:
+        """Wait until every co-runner has built its model and taken a warm-up step."""
+        if not self.started:
+            for i in range(self.n):
+                self._expect(i, "ready")
+            self.started = True
 
     def busy(self, j: int) -> None:
         for i in range(j):
@@ -173,22 +187,21 @@ def _window(step: Callable[[], None], window_s: float) -> tuple[float, float]:
     return statistics.median(walls), statistics.median(cpus)
 
 
-def measure_sharing(step: Callable[[], None], args: dict, workers: int, window_s: float = WINDOW_S,
-                    rounds: int = ROUNDS, timeout_s: float = START_TIMEOUT_S) -> dict[int, dict[str, float]]:
-    """k -> {"alone_s", "together_s"}: ``step`` (this process's own model step) timed alone and
-    while k - 1 co-runners built from ``args`` run the same step, for k = 2..``workers``."""
-    if workers < 2:
-        return {}
+def measure_sharing(step: Callable[[], None], others: CoRunners, window_s: float = WINDOW_S,
+                    rounds: int = ROUNDS) -> dict[int, dict[str, float]]:
+    """k -> {"alone_s", "together_s", "alone_cpu_s", "together_cpu_s"}: ``step`` (this process's
+    own model step) timed alone and while k - 1 of ``others`` run the same step, for
+    k = 2..others.n + 1; wall and CPU seconds, each the fastest round's window median."""
+    others.wait_ready()
     alone: list[tuple[float, float]] = []
-    together: dict[int, list[tuple[float, float]]] = {k: [] for k in range(2, workers + 1)}
-    with CoRunners(workers - 1, args, timeout_s) as others:
-        step()
-        for _ in range(rounds):  # alternated: a passing slowdown of the machine spoils one round, not the minimum
-            alone.append(_window(step, window_s))
-            for k in together:
-                others.busy(k - 1)
-                together[k].append(_window(step, window_s))
-                others.idle()
+    together: dict[int, list[tuple[float, float]]] = {k: [] for k in range(2, others.n + 2)}
+    step()
+    for _ in range(rounds):  # alternated: a passing slowdown of the machine spoils one round, not the minimum
+        alone.append(_window(step, window_s))
+        for k in together:
+            others.busy(k - 1)
+            together[k].append(_window(step, window_s))
+            others.idle()
     wall, cpu = min(w for w, _ in alone), min(c for _, c in alone)
     return {k: {"alone_s": wall, "together_s": min(w for w, _ in t), "alone_cpu_s": cpu, "together_cpu_s": min(c for _, c in t)}
             for k, t in together.items()}
@@ -212,10 +225,14 @@ def sharing_workers() -> int:
     return max(2, min(MAX_WORKERS, cores))
 
 
-def profile_sharing(net: torch.nn.Module, train_set, batch: int, job: dict) -> dict[int, float]:
-    """k -> this model's compute sharing factor at ``batch`` rows, for k = 2..``sharing_workers()``;
-    ``job``: how a co-runner builds the same model and data (model, dataset, input_shape,
-    num_classes, threads, data_dir, synthetic, options, seed)."""
+def start_corunners(job: dict, batch: int) -> CoRunners:
+    """The co-runners of ``profile_sharing``, started now: ``sharing_workers() - 1`` fresh
+    processes building the model of ``job`` (model, dataset, input_shape, num_classes,
+    threads, data_dir, synthetic, options, seed) with ``batch`` rows of its data."""
+    return CoRunners(sharing_workers() - 1, {**job, "batch": batch})
+
+
+def profile_sharing(net: torch.nn.Module, train_set, batch: int, others: CoRunners) -> dict[int, float]:
+    """k -> this model's compute sharing factor at ``batch`` rows, for k = 2..others.n + 1."""
     x, y = train_set.get(torch.arange(batch) % len(train_set))
-    raw = measure_sharing(training_step(net, x, y), {**job, "batch": batch}, sharing_workers())
-    return sharing_factors(raw)
+    return sharing_factors(measure_sharing(training_step(net, x, y), others))
