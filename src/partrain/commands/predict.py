@@ -77,6 +77,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         return 0
     title = f"{args.model} on {args.dataset}, {args.workers} worker(s), batch {args.batch_size}, {hw.description}"
     print_table(predictions_table(predictions, title, limit))
+    for note in sorted({n for p in predictions for n in p.notes if "side by side" in n}):  # where the sharing came from
+        print(f"  {note}")
     for plan, why in wanted:
         if why and args.all:
             print(f"  cannot run {plan.label()}: {why}")
