@@ -21,10 +21,13 @@ for the model itself:
   SMT siblings, caches and memory bandwidth shared, as this model uses them
   (memory-bandwidth contention is inside it, not modelled apart).
 
-Cost: starting the others (importing torch, about a second of CPU each, side by side) plus
-``rounds`` x k windows of ``window_s`` (at least ``MIN_STEPS`` steps each): 2-4 s for a
-small model on 2 workers. The profiler process itself is the timed worker, so the one
-measured ratio is of one process against itself, whatever differs between processes.
+Cost: the others start beside the memory probe (``start_corunners``), whose own start-up is
+not timed, so their start costs no wall time of its own; then ``rounds`` alternations of a
+window alone and one per k side by side, each ``window_s`` and at least ``MIN_STEPS`` steps,
+and one step per co-runner to start and stop it: about 0.5 s for a model of milliseconds a
+step, 1-2 s for one of 30 ms (gpt at batch 32), on 2 workers. The profiler process itself is
+the timed worker, so the one measured ratio is of one process against itself, whatever
+differs between processes.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import torch
 
 from partrain.errors import PartrainError
 
-MIN_STEPS, WINDOW_S, ROUNDS = 3, 0.1, 4
+MIN_STEPS, WINDOW_S, ROUNDS = 3, 0.04, 6
 MAX_WORKERS = 8  # co-runners cost a process start each
 START_TIMEOUT_S = 120.0  # importing torch and building the model, on a loaded machine
 BUSY, IDLE, QUIT = b"b", b"i", b"q"  # one-byte commands on a co-runner's stdin
@@ -213,7 +216,7 @@ def sharing_factors(raw: dict[int, dict[str, float]]) -> dict[int, float]:
     costs; processor sharing of the cores, k over the cores, is the predictor's own floor).
     Unlike wall time, CPU time does not count the waits for a core that other processes on
     the machine cause: on the loaded 2-core VM the wall ratio of one model ranged 1.02-2.2x
-    between repeats while its CPU ratio stayed within a few percent."""
+    between repeats while its CPU ratio stayed within 1.0-1.2x."""
     return {int(k): max(1.0, t["together_cpu_s"] / t["alone_cpu_s"]) for k, t in raw.items()}
 
 
