@@ -213,6 +213,8 @@ def run_mismatch(row: dict, device: str, profile: ModelProfile | None = None) ->
     ran_on = row.get("device") or "cpu"
     if ran_on != device:
         return f"ran on {ran_on}, predicted on {device}"
+    if profile is not None and profile.device != device:
+        return f"profiled on {profile.device}, not on {device}"
     if profile is not None:
         ran = {"precision": row.get("precision") or "fp32", "channels_last": bool(row.get("channels_last")),
                "compile": bool(row.get("compile"))}
