@@ -78,6 +78,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"hardware": hw.description, "memory_limit_bytes": limit, "model_profile": str(path),
                           "device": profile.device, **profile.run_options(), "provenance": prov,
+                          "profile_seconds": profile.profile_seconds, "profile_reused": reused,
                           "predictions": [p.to_dict() for p in predictions],
                           "invalid": [{"plan": p.label(), "reason": why} for p, why in wanted if why and args.all]}))
         return 0
