@@ -269,6 +269,14 @@ def test_a_suite_runs_each_cell_at_every_precision_asked_and_old_cells_keep_thei
         suite_from_dict({"models": ["mlp"], "precisions": ["fp8"]}, "t")
 
 
+def test_bench_runs_a_suite_at_the_precision_and_options_given(capsys):
+    assert main(["bench", "--suite", "quick", "--list", "--precision", "bf16", "--compile"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(line.endswith("bf16 compiled") for line in lines)
+    assert main(["bench", "--suite", "quick", "--list"]) == 0
+    assert "bf16" not in capsys.readouterr().out  # the suite's own: fp32
+
+
 # ---- validate ------------------------------------------------------------------------------
 
 
