@@ -191,8 +191,8 @@ class ModelProfile(JsonProfile):
     # on a GPU the memory figures above are the CUDA caching allocator's (allocated bytes, what
     # train reports as its peak); these are its reserved peaks, one per batch size
     train_peak_reserved_bytes: list[int] = field(default_factory=list)
-    # on a GPU: partrain's serial training loop, seconds per step at each batch size (the
-    # lower of its halves' medians), which the allocator peaks are read from anyway; empty on CPU
+    # on a GPU: partrain's serial training loop, seconds per step at each batch size as train
+    # reports it (the median after warm-up), run for the allocator peaks anyway; empty on CPU
     loop_s: list[float] = field(default_factory=list)
 
     @property

@@ -88,9 +88,11 @@ def baseline_probe() -> None:
 
 
 WORLD_OF_ONE = tuple(name for name, spec in SPECS.items() if spec.world_of_one_probe)
-# on a GPU the first steps pick cuDNN algorithms (and compile, with --compile): 3 are left out;
-# then about 0.2 s of steps, 5 to 100 (the loop's time is the serial prediction itself there)
-CUDA_WARMUP, CUDA_TARGET_S, CUDA_MIN_STEPS, CUDA_MAX_STEPS = 3, 0.2, 5, 100
+# on a GPU the first steps pick cuDNN algorithms (and compile, with --compile), and a loop that
+# does not synchronise every step only shows the GPU's pace once the launch queue is full:
+# 20 to 100 steps, about 0.3 s, of which train's own summary (the median after its warm-up
+# steps) is what ``partrain train`` reports and what the serial prediction is there
+CUDA_TARGET_S, CUDA_MIN_STEPS, CUDA_MAX_STEPS = 0.3, 20, 100
 
 
 def cuda_steps(step_s: float) -> int:
@@ -134,9 +136,9 @@ def cuda_probe(args: dict) -> dict:
 
 
 def _cuda_run(args: dict, strategy: str, batch: int, steps: int, device: torch.device) -> dict:
-    """One short run of partrain's loop on a world of one: its step time after warm-up (the
-    lower of its halves' medians) and the allocator's peaks since a reset (the previous run's
-    memory given back first)."""
+    """One short run of partrain's loop on a world of one: its step time as ``train`` reports
+    it (``RunResult.summary``: the median after the warm-up steps) and the allocator's peaks
+    since a reset (the previous run's memory given back first)."""
     from partrain.config import RunConfig
     from partrain.train import train_worker
 
@@ -145,11 +147,11 @@ def _cuda_run(args: dict, strategy: str, batch: int, steps: int, device: torch.d
     torch.cuda.reset_peak_memory_stats(device)
     run = args["run"]
     cfg = RunConfig(model=args["model"], dataset=args["dataset"], data_dir=args["data_dir"], synthetic=args["synthetic"],
-                    model_options=args["options"], batch_size=batch, steps=CUDA_WARMUP + steps, evaluate=False,
+                    model_options=args["options"], batch_size=batch, steps=steps, evaluate=False,
                     threads=args["threads"], workers=1, strategy=strategy, precision=run["precision"],
                     channels_last=run["channels_last"], compile=run["compile"])
     result = train_worker(cfg, LaunchInfo("none"), show_progress=False)
-    return {"step_s": lower_half_median(result.step_seconds[CUDA_WARMUP:]), "allocated": result.peak_memory_bytes,
+    return {"step_s": result.summary()["seconds_per_step"], "allocated": result.peak_memory_bytes,
             "reserved": torch.cuda.max_memory_reserved(device)}
 # the first step is left out (the median shrugs off a second slow one); the measured ones take
 # about 0.1 s: 2 steps of a big model, up to 64 of a millisecond one, whose overheads are small
