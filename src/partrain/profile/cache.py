@@ -50,11 +50,13 @@ def profile_threads(threads: int) -> int:
     return min(threads, os.cpu_count() or 1)
 
 
-def hardware_path(directory: Path, workers: int, nodes: int = 1) -> Path:
+def hardware_path(directory: Path, workers: int, nodes: int = 1, backend: str | None = None) -> Path:
     """Where the profile of ``workers`` workers is cached: over several nodes a file of its own
-    (the same machine's local profile of as many workers measured no link between nodes)."""
+    (the same machine's local profile of as many workers measured no link between nodes), and
+    one of its own for gloo on a GPU machine (CPU workers there: ``--device cpu``)."""
     across = f"-n{nodes}" if nodes > 1 else ""
-    return directory / f"hardware-w{workers}{across}-{fingerprint()}.json"
+    other = f"-{backend}" if backend not in (None, machine().backend) else ""
+    return directory / f"hardware-w{workers}{across}{other}-{fingerprint()}.json"
 
 
 def _problem(err: PartrainError) -> str:
@@ -121,7 +123,8 @@ def hardware_for(workers: int, directory=None, refresh: bool = False,
         raise PartrainError(f"{workers} GPU workers, but this machine has {gpus} GPU{'s' * (gpus != 1)}: describe the "
                             "GPUs you will train on with --cluster (e.g. examples/cluster-8xh100.toml), or predict for "
                             "CPU workers with --device cpu")
-    path = hardware_path(profile_dir(directory), workers)
+    backend = "gloo" if RunOptions(device).device_kind == "cpu" else None  # None: NCCL on GPUs, else gloo
+    path = hardware_path(profile_dir(directory), workers, backend=backend)
     if path.is_file() and not refresh:
         try:
             return HardwareProfile.load(path), path, True
@@ -129,7 +132,7 @@ def hardware_for(workers: int, directory=None, refresh: bool = False,
             print(f"partrain: {_problem(err)}: measuring it again", file=sys.stderr)
     from partrain.profile.hardware import profile_hardware
 
-    profile = profile_hardware(workers)
+    profile = profile_hardware(workers, backend=backend)
     return profile, profile.save(path), False
 
 
