@@ -102,6 +102,8 @@ def local_hardware(device: str | None = None) -> HardwareProfile:
     nothing. Training on the GPU, a worker's memory is the GPU's, not the host's RAM."""
     here = machine()
     cuda = RunOptions(device).device_kind == "cuda"
+    if cuda and not here.gpu_count:
+        raise PartrainError("--device cuda, but torch sees no GPU here: use --device cpu, or run on the GPU machine")
     memory = here.gpu_memory_bytes if cuda else here.memory_gib * 2**30
     return HardwareProfile(here.hash, here.describe(), "nccl" if cuda else "gloo", 1, 1, here.cpu_cores,
                            memory, shared_memory=not cuda, source="local, no collectives measured")
