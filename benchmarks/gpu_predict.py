@@ -60,6 +60,7 @@ class Row:
     predicted_bytes: int
     measured_bytes: int
     train_wall_s: float
+    epoch_s: float  # one epoch at the measured step: what a user trains, at the least
 
     @property
     def error(self) -> float:
@@ -113,8 +114,10 @@ def measure(configs, args, device: str) -> tuple[list[Row], float]:
             profiles[predicted["model_profile"]] = predicted["profile_seconds"]
         print(f"{model}/{dataset} b{batch} {precision}: training {args.steps} steps...", file=sys.stderr)
         ran, wall = partrain("train", *common, "--steps", str(args.steps), "--no-eval")
-        rows.append(Row(model, dataset, batch, precision, serial["median_step_s"], ran["summary"]["seconds_per_step"],
-                        serial["memory_bytes_per_worker"], ran["peak_memory_bytes"], wall))
+        step = ran["summary"]["seconds_per_step"]
+        rows.append(Row(model, dataset, batch, precision, serial["median_step_s"], step,
+                        serial["memory_bytes_per_worker"], ran["peak_memory_bytes"], wall,
+                        step * serial["steps_per_epoch"]))
     return rows, sum(profiles.values())
 
 
@@ -135,10 +138,13 @@ def report(rows: list[Row], profile_s: float, device: str) -> dict:
           f"({worst.model}/{worst.dataset} b{worst.batch} {worst.precision})")
     print(f"memory: MAPE {memory_mape:.1%}, worst {worst_memory.memory_error:+.1%} "
           f"({worst_memory.model}/{worst_memory.dataset} b{worst_memory.batch} {worst_memory.precision})")
-    print(f"profiles: {profile_s:.1f} s, {profile_s / bench_s:.1%} of the {bench_s:.1f} s the runs took")
+    epochs_s = sum(r.epoch_s for r in rows)
+    print(f"profiles: {profile_s:.1f} s, {profile_s / bench_s:.1%} of the {bench_s:.1f} s the runs above took "
+          f"(process starts included), {profile_s / epochs_s:.1%} of one epoch of each configuration ({epochs_s:.0f} s)")
     return {"device": device, "rows": [{**asdict(r), "error": r.error, "memory_error": r.memory_error} for r in rows],
             "mape": mape, "worst": worst.error, "memory_mape": memory_mape, "worst_memory": worst_memory.memory_error,
-            "profile_seconds": profile_s, "benchmark_seconds": bench_s, "profile_cost": profile_s / bench_s}
+            "profile_seconds": profile_s, "benchmark_seconds": bench_s, "profile_cost": profile_s / bench_s,
+            "epoch_seconds": epochs_s, "profile_cost_per_epoch": profile_s / epochs_s}
 
 
 def main() -> None:

@@ -47,7 +47,7 @@ from partrain.predict.machine import fingerprint
 from partrain.predict.profiles import BlockProfile, ModelProfile
 from partrain.profile.numerics import autocast, device_name, place, place_input, resolve_device
 from partrain.profile.probe import measure_memory, world_of_one_steps
-from partrain.profile.timing import Stopwatch, median_times, timed
+from partrain.profile.timing import CUDA_TARGET_S, TARGET_S, Stopwatch, median_times, timed
 from partrain.progress import phase
 from partrain.strategies.base import (
     loss_fn,  # class or per-token cross-entropy, as training scores it
@@ -107,7 +107,7 @@ def _time_block(block: nn.Module, x: torch.Tensor, needs_grad: bool, watch: Stop
         out.backward(grad)
         return watch.laps()
 
-    return median_times(run, warm_up=False)
+    return median_times(run, warm_up=False, target_s=CUDA_TARGET_S if watch.cuda else TARGET_S)
 
 
 def _time_optimizer(params: list[nn.Parameter], kind: str, device: torch.device) -> float:
