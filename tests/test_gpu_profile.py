@@ -316,6 +316,17 @@ def test_validate_holds_a_prediction_only_against_cells_that_ran_alike(fp32):
     assert on_gpu.cases == [] and on_gpu.mismatched == 4  # a CPU profile never predicts a GPU cell
 
 
+def test_validate_cli_counts_the_cells_of_another_device_and_says_what_to_do(tmp_path, capsys):
+    cell = Cell("mlp", "mnist", "serial", 1, 64, None, 0.01)
+    ran = figures(cell, run_result(0.5))
+    with Store(tmp_path / "s.sqlite") as store:
+        store.record(cell, fingerprint(), Outcome("ok", figures={**ran, "device": "NVIDIA H100 80GB HBM3"}), "s", None)
+    argv = ["validate", "--store", str(tmp_path / "s.sqlite"), "--profile-dir", str(tmp_path), "--device", "cpu"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "skipped 1 cells for mismatch" in err and "validate with --device" in err
+
+
 # ---- on a GPU ------------------------------------------------------------------------------
 
 
