@@ -29,7 +29,12 @@ from partrain.predict.machine import Hardware, fingerprint
 from partrain.predict.profiles import ModelProfile
 from partrain.predict.provenance import provenance, provenance_lines
 from partrain.profile import model as model_module
-from partrain.profile.cache import RunOptions, load_or_profile, local_hardware, profile_path
+from partrain.profile.cache import (
+    RunOptions,
+    load_or_profile,
+    local_hardware,
+    profile_path,
+)
 from partrain.profile.model import profile_model
 from partrain.profile.timing import Stopwatch
 from partrain.validate import validate

@@ -52,7 +52,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
         threads_for,
     )
     from partrain.predict.provenance import provenance, provenance_lines
-    from partrain.profile.cache import RunOptions, hardware_for, load_or_profile, profile_threads
+    from partrain.profile.cache import (
+        RunOptions,
+        hardware_for,
+        load_or_profile,
+        profile_threads,
+    )
     from partrain.report.tables import predictions_table
 
     run = RunOptions.from_args(args)

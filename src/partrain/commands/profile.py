@@ -41,7 +41,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import os
 
     from partrain.predict.fits import default_sizes
-    from partrain.profile.cache import RunOptions, hardware_path, load_or_profile, profile_dir
+    from partrain.profile.cache import (
+        RunOptions,
+        hardware_path,
+        load_or_profile,
+        profile_dir,
+    )
     from partrain.profile.hardware import profile_hardware
     from partrain.report.tables import hardware_table, profile_table
 

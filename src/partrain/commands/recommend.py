@@ -52,7 +52,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from partrain.predict.cluster import load_cluster
     from partrain.predict.plan import profile_batch_sizes
     from partrain.predict.provenance import provenance, provenance_lines
-    from partrain.profile.cache import RunOptions, hardware_for, load_or_profile, profile_threads
+    from partrain.profile.cache import (
+        RunOptions,
+        hardware_for,
+        load_or_profile,
+        profile_threads,
+    )
     from partrain.recommend import (
         needed_batch_sizes,
         parse_bytes,

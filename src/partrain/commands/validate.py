@@ -36,10 +36,15 @@ def add_validate_parser(sub) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from partrain.bench import Store
+    from partrain.predict.machine import fingerprint as machine
     from partrain.predict.plan import profile_batch_sizes
     from partrain.predict.profiles import busy_warning
-    from partrain.predict.machine import fingerprint as machine
-    from partrain.profile.cache import RunOptions, fingerprint, hardware_for, load_or_profile
+    from partrain.profile.cache import (
+        RunOptions,
+        fingerprint,
+        hardware_for,
+        load_or_profile,
+    )
     from partrain.report.plots import plot_scatter
     from partrain.report.tables import report_tables
     from partrain.validate import validate

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from partrain.predict.profiles import HardwareProfile, ModelProfile
 
-FROM_FILE = ("nodes and GPUs per node", "device memory per worker", "link bandwidth and latency (collectives derived "
-             "from them)", "compute speed relative to this machine")
+FROM_FILE = ("nodes and GPUs per node", "device memory per worker",
+             "link bandwidth and latency (collectives derived from them)", "compute speed relative to this machine")
 
 
 def run_words(profile: ModelProfile) -> str:
@@ -24,8 +24,8 @@ def provenance(profile: ModelProfile, hardware: HardwareProfile, cluster: str | 
     """{"measured": [...], "from_file": [...], "file": path or None}: what came from where;
     ``cluster`` is the file given with --cluster (a TOML description, or a hardware profile
     measured on the cluster)."""
-    measured = [f"model profile of {profile.model} ({run_words(profile)}): block times, activation and allocator "
-                "memory, optimizer, the serial loop"]
+    what = "block times, activation and allocator memory, optimizer, the serial loop"
+    measured = [f"model profile of {profile.model} ({run_words(profile)}): {what}"]
     if cluster is not None:
         how = "measured there" if str(cluster).endswith(".json") else "written by hand"
         return {"measured": measured, "from_file": list(FROM_FILE), "file": f"{cluster} ({how})"}

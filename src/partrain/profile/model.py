@@ -45,9 +45,21 @@ from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
 from partrain.predict.machine import fingerprint
 from partrain.predict.profiles import BlockProfile, ModelProfile
-from partrain.profile.numerics import autocast, device_name, place, place_input, resolve_device
+from partrain.profile.numerics import (
+    autocast,
+    device_name,
+    place,
+    place_input,
+    resolve_device,
+)
 from partrain.profile.probe import measure_memory, world_of_one_steps
-from partrain.profile.timing import CUDA_TARGET_S, TARGET_S, Stopwatch, median_times, timed
+from partrain.profile.timing import (
+    CUDA_TARGET_S,
+    TARGET_S,
+    Stopwatch,
+    median_times,
+    timed,
+)
 from partrain.progress import phase
 from partrain.strategies.base import (
     loss_fn,  # class or per-token cross-entropy, as training scores it
@@ -231,7 +243,8 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
     phase(f"profile {model}", "memory and the training loop of serial, DDP and local SGD on a world of one (a fresh process)")
     memory = measure_memory(model, dataset, spec.input_shape, spec.num_classes, batch_sizes, threads, data_dir, synthetic,
                             options, world_of_one_steps(step_s), step_s=step_s,
-                            run=dict(device=dev.type, precision=precision, channels_last=channels_last, compile=compile))
+                            run={"device": dev.type, "precision": precision, "channels_last": channels_last,
+                                 "compile": compile})
     whole = {key: [w[key] for _, w in per_batch] for key in per_batch[0][1]}
     return ModelProfile(
         model=model, dataset=dataset, synthetic=synthetic, batch_sizes=batch_sizes, threads=threads,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from partrain.errors import PartrainError
 
