@@ -330,3 +330,56 @@ def summarize_outcomes(outcomes: list[GroupOutcome]) -> dict:
         # pairs the benchmark cannot order (their repeats overlap) counted as ties
         "kendall_tau_within_noise": mean([o.tau_within_noise for o in outcomes]),
     }
+
+
+# ---- across emulated nodes: each cell against the profile of its own link -------------------
+
+
+def validate_across_nodes(rows: list[dict], profile_for, hardware_for, hardware_across, fingerprint: str) -> tuple[Report, list[Case]]:
+    """``validate``, with the cells run across emulated nodes (``bench.nodes``) predicted from
+    the hardware profile measured across the same placement and link:
+    ``hardware_across(workers, nodes, link_mbit) -> HardwareProfile | None`` (None: none was
+    measured, and those cells are skipped, saying so).
+
+    Returns the report over every cell (a cell across nodes labelled with its placement and
+    link) and the jobs across nodes for the recommender's check: each (model, dataset, batch,
+    placement, link) a job of its own, in which this machine's serial cells of the same
+    model, data and batch compete too, since one worker needs no link.
+    """
+    seen: dict[tuple, ModelProfile] = {}
+
+    def profile_once(cfg, batch_sizes):  # each profile's cost counted once over the calls below
+        key = (_profile_key({"threads": cfg.threads}, cfg), tuple(batch_sizes))
+        if key in seen:
+            return seen[key], 0.0
+        seen[key], seconds = profile_for(cfg, batch_sizes)
+        return seen[key], seconds
+
+    report = validate([r for r in rows if not r.get("nodes")], profile_once, hardware_for, fingerprint)
+    links: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        if row.get("nodes"):
+            links[(row["nodes"], row["workers_per_node"], row["link_mbit"])].append(row)
+    serial = [c for c in report.cases if c.strategy == "serial"]
+    across: list[Case] = []
+    for (nodes, per_node, link), link_rows in sorted(links.items()):
+        where = f"{nodes}x{per_node} nodes at {link:g} Mbit/s"
+        hardware = hardware_across(nodes * per_node, nodes, link)
+        if hardware is None:
+            report.skipped.append(f"{len(link_rows)} cells on {where}: no hardware profile was measured across them; "
+                                  "run `partrain bench` on their suite again, as root, with the same --profile-dir")
+            continue
+        part = validate(link_rows, profile_once, lambda workers, hw=hardware: hw, fingerprint)
+        report.profile_seconds += part.profile_seconds
+        report.skipped += [f"{line} on {where}" for line in part.skipped]
+        tagged = [_on(c, where) for c in part.cases]
+        report.cases += tagged
+        jobs = {c.group[:3] + c.group[4:] for c in part.cases}  # model, dataset, batch, threads
+        across += tagged + [_on(c, where) for c in serial if c.group[:3] + c.group[4:] in jobs]
+    return report, across
+
+
+def _on(case: Case, where: str) -> Case:
+    """``case`` as part of the job across ``where``: its own group, named so."""
+    model, dataset, batch, workers, threads = case.group
+    return dataclasses.replace(case, label=f"{case.label} on {where}", group=(model, f"{dataset} on {where}", batch, workers, threads))

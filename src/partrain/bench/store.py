@@ -58,6 +58,9 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("epochs", "INTEGER", "whole epochs (epochs mode)"),
     ("limit_samples", "INTEGER", "trained on the first N samples only"),
     ("threads", "INTEGER", "intra-op threads per worker"),
+    ("nodes", "INTEGER", "emulated nodes the cell ran across (NULL: this machine)"),
+    ("workers_per_node", "INTEGER", "across emulated nodes: workers on each"),
+    ("link_mbit", "REAL", "across emulated nodes: the shaped rate of their link, Mbit/s"),
     ("config", "TEXT NOT NULL", "JSON: the full cell and RunConfig"),
     ("status", "TEXT NOT NULL", "ok | skipped | failed | timeout"),
     ("reason", "TEXT", "why a cell was skipped or failed"),
@@ -158,9 +161,19 @@ class Store:
         with self.db:
             columns = ",\n  ".join(f'"{name}" {sql}' for name, sql, _ in COLUMNS)
             self.db.execute(f"CREATE TABLE IF NOT EXISTS cells (\n  {columns}\n)")
+            self._add_missing_columns()
             self.db.execute("CREATE INDEX IF NOT EXISTS cells_by_config ON cells(model, dataset, strategy, workers, batch_size)")
             self.db.execute("CREATE INDEX IF NOT EXISTS cells_by_baseline ON cells(baseline_key)")
             self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _add_missing_columns(self) -> None:
+        """Migration: a store written before a column existed gets it, empty (NULL) in its old
+        rows, so that it keeps opening and its cells keep counting as measured. Only nullable
+        columns can be added this way (SQLite's ADD COLUMN), which every later column is."""
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(cells)")}
+        for name, sql, _ in COLUMNS:
+            if name not in have:
+                self.db.execute(f'ALTER TABLE cells ADD COLUMN "{name}" {sql}')
 
     def close(self) -> None:
         self.db.close()
@@ -187,6 +200,7 @@ class Store:
             "microbatches": outcome.config.get("resolved", {}).get("microbatches", cell.microbatches), "lr": cell.lr, "repeat": cell.repeat,
             "synthetic": int(cell.synthetic), "warmup_steps": cell.warmup_steps, "steps": cell.steps,
             "epochs": cell.epochs, "limit_samples": cell.limit, "threads": cell.threads,
+            "nodes": cell.nodes, "workers_per_node": cell.workers_per_node, "link_mbit": cell.link_mbit,
             "config": json.dumps({"cell": asdict(cell), "run": outcome.config}, sort_keys=True),
             "status": outcome.status, "reason": outcome.reason, **outcome.figures,
             "wall_seconds": outcome.wall_seconds, "load_average": outcome.load_average, "hardware_hash": hardware.hash, **asdict(hardware),

@@ -35,10 +35,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from partrain.bench import Store
     from partrain.predict.plan import profile_batch_sizes
     from partrain.predict.profiles import busy_warning
-    from partrain.profile.cache import fingerprint, hardware_for, load_or_profile
+    from partrain.profile.cache import fingerprint, hardware_across, hardware_for, load_or_profile
     from partrain.report.plots import plot_scatter
     from partrain.report.tables import report_tables
-    from partrain.validate import validate
+    from partrain.validate import validate_across_nodes
 
     with Store(args.store, create=False) as store:
         rows = store.rows()
@@ -50,11 +50,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(warning, file=sys.stderr)
         return profile, profile.profile_seconds
 
-    report = validate(rows, profile_for, lambda workers: hardware_for(workers, args.profile_dir)[0], fingerprint())
+    # cells across emulated nodes: predicted from the profile measured across their own link
+    report, across = validate_across_nodes(
+        rows, profile_for, lambda workers: hardware_for(workers, args.profile_dir)[0],
+        lambda workers, nodes, link: hardware_across(workers, nodes, link, args.profile_dir), fingerprint())
     if not report.cases:
         raise PartrainError("no successful cells measured on this machine in the store: run `partrain bench` first")
     if args.recommendations:
-        return _report_recommendations(report, args.json)
+        return _report_recommendations(report, args.json, across)
     png = plot_scatter(report, args.plot)
     if args.json:
         print(json.dumps({**report.to_dict(), "plot": str(png)}))
@@ -67,21 +70,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report_recommendations(report, as_json: bool) -> int:
+def _report_recommendations(report, as_json: bool, across: list) -> int:
     """The recommender judged twice: as ``recommend`` ranks by default (plans that train as
-    serial does) and as ``recommend --async`` ranks (local SGD and Hogwild compete too)."""
+    serial does) and as ``recommend --async`` ranks (local SGD and Hogwild compete too).
+    ``across``: the jobs across emulated nodes (their cells and the serial baselines), each
+    placement and link a job of its own."""
     from partrain.report.tables import outcome_table
     from partrain.validate import recommendation_outcomes, summarize_outcomes
 
-    modes = {"synchronous": recommendation_outcomes(report.cases),
-             "with_async": recommendation_outcomes(report.cases, include_async=True)}
+    cases = [c for c in report.cases if c not in set(across)] + across
+    sizes = tuple(sorted({c.group[3] for c in cases} - {1}))
+    modes = {"synchronous": recommendation_outcomes(cases, sizes),
+             "with_async": recommendation_outcomes(cases, sizes, include_async=True)}
     if not modes["with_async"]:
         raise PartrainError("no job in the store was measured under two or more plans: run a suite with several strategies")
     summaries = {mode: {**summarize_outcomes(outcomes), "profile_cost": report.profile_cost()}
                  for mode, outcomes in modes.items()}
     if as_json:
-        print(json.dumps({mode: {"summary": summaries[mode], "groups": [o.__dict__ for o in outcomes]}
-                          for mode, outcomes in modes.items()}))
+        print(json.dumps({**{mode: {"summary": summaries[mode], "groups": [o.__dict__ for o in outcomes]}
+                             for mode, outcomes in modes.items()},
+                          "across_nodes": _summarize_across(across, sizes, as_json=True)}))
         return 0
     named = (("synchronous", "recommend", "plans that train as serial does"),
              ("with_async", "recommend --async", "local SGD competes too"))
@@ -96,5 +104,20 @@ def _report_recommendations(report, as_json: bool) -> int:
                   f"fastest), regret mean {s['mean_regret']:.1%} (worst {s['worst_regret']:.1%}), "
                   f"Kendall tau {s['kendall_tau']:.2f} ({s['kendall_tau_within_noise']:.2f} with pairs whose repeats "
                   "overlap counted as ties)")
+    _summarize_across(across, sizes, as_json=False)
     print(f"profiling cost {report.profile_cost():.1%} of the benchmark time of the cells it predicts")
     return 0
+
+
+def _summarize_across(across: list, sizes: tuple, as_json: bool) -> dict:
+    """The recommender over the jobs across emulated nodes alone, per mode: printed, or returned."""
+    from partrain.validate import recommendation_outcomes, summarize_outcomes
+
+    out = {mode: summarize_outcomes(recommendation_outcomes(across, sizes, include_async=mode == "with_async"))
+           for mode in ("synchronous", "with_async")}
+    for mode, s in out.items():
+        if s["groups"] and not as_json:
+            print(f"across emulated nodes ({'recommend' if mode == 'synchronous' else 'recommend --async'}): "
+                  f"{s['groups']} jobs, top-1 hit rate {s['hit_rate']:.0%}, regret mean {s['mean_regret']:.1%} "
+                  f"(worst {s['worst_regret']:.1%})")
+    return out
