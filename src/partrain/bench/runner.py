@@ -58,6 +58,7 @@ from partrain.runner import preflight
 
 POLL_S = 0.5  # how often a running cell is checked for exit and timeout, and the bar redrawn
 _EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b.*")
+_TORCH_LOG_LINE = re.compile(r"^[EWI]\d{4} ")  # torch's C++/elastic log lines: E1122 22:56:32.163000 ...
 
 
 def run_suite(suite: Suite, store: Store, *, force: bool = False, data_dir: str | None = None,
@@ -216,6 +217,9 @@ def failure_reason(stderr: str, returncode: int) -> str:
     the exception it points to is added. A process killed by a signal says which, and
     SIGKILL from nobody we know of is most likely the kernel's out-of-memory killer.
     """
+    if "ChildFailedError" in stderr:  # torchrun's (across nodes): the worker's error is above the launcher's traceback
+        stderr = "\n".join(line for line in stderr[:stderr.rfind("Traceback (most recent call last)")].splitlines()
+                           if not _TORCH_LOG_LINE.match(line))
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     if returncode < 0:
         name = signal.Signals(-returncode).name
