@@ -3,9 +3,11 @@ namespaces can be made, the store's link columns, and real cells across two name
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -14,9 +16,14 @@ from partrain.bench import nodes as bench_nodes
 from partrain.bench import runner
 from partrain.bench.store import COLUMNS
 from partrain.bench.suite import suite_from_dict
+from partrain.config import RunConfig
 from partrain.errors import PartrainError
+from partrain.predict.cluster import load_cluster
+from partrain.predict.plan import Plan
+from partrain.predict.predictor import predict_plan
 from partrain.profile.cache import hardware_across
 from partrain.testing import netns
+from partrain.validate import recommendation_outcomes, validate_across_nodes
 
 ACROSS = {"models": ["mlp"], "strategies": ["serial", "ddp", "gpipe"], "nodes": [2, 4], "workers_per_node": [1, 2],
           "link_mbit": [100, 1000]}
@@ -88,6 +95,60 @@ def test_a_store_from_before_the_link_columns_opens_and_gains_them(tmp_path):
     with Store(path) as store:
         (row,) = store.rows()
     assert row["cell_key"] == "k" and row["nodes"] is None and row["link_mbit"] is None
+
+
+def test_emulated_nodes_share_the_machines_cores():
+    hw = load_cluster(Path(__file__).resolve().parents[1] / "examples" / "cluster.toml")
+    assert (bench_nodes.shares_cores(hw, 2, 2).cores_per_node, hw.compute_speed) == (1, 1.0)
+    assert (bench_nodes.shares_cores(hw, 4, 2).cores_per_node, hw.compute_speed) == (1, 0.5)  # half a core each
+    assert (bench_nodes.shares_cores(hw, 2, 16).cores_per_node, hw.compute_speed) == (8, 1.0)
+    assert "4 emulated nodes" not in hw.source and "2 emulated nodes sharing 16 cores" in hw.source
+
+
+@pytest.fixture(scope="module")
+def mlp_profile():
+    from partrain.profile.model import profile_model
+
+    return profile_model("mlp", "mnist", [64], threads=1, synthetic=True)
+
+
+def _row(cfg: RunConfig, seconds: float, hardware: str, nodes=None, link=None) -> dict:
+    run = {**cfg.to_dict(), "resolved": {"pp": cfg.dims.pp, "dp": cfg.dims.dp}}
+    return {"status": "ok", "hardware_hash": hardware, "config": json.dumps({"cell": {"link": link}, "run": run}),
+            "step_seconds_median": seconds, "peak_memory_per_worker": json.dumps([1] * cfg.workers),
+            "peak_memory_bytes": 1, "threads": 1, "wall_seconds": 10.0, "nodes": nodes,
+            "workers_per_node": nodes and 1, "link_mbit": link}
+
+
+def _two_nodes(tmp_path: Path, gb_per_s: float):
+    path = tmp_path / f"link-{gb_per_s}.toml"
+    path.write_text(f"""[cluster]\nnodes = 2\nworkers_per_node = 1\ndevice_memory_gb = 8\nbackend = "gloo"
+[intra]\nbandwidth_gb_per_s = 10\nlatency_us = 5\n[inter]\nbandwidth_gb_per_s = {gb_per_s}\nlatency_us = 100\n""")
+    return load_cluster(path)
+
+
+def test_each_cell_across_nodes_is_predicted_from_the_profile_of_its_own_link(mlp_profile, tmp_path):
+    here = _two_nodes(tmp_path, 10.0)
+    links = {100.0: _two_nodes(tmp_path, 0.0125), 1000.0: _two_nodes(tmp_path, 0.125)}  # 100 Mbit/s, 1 Gbit/s
+    serial, ddp = RunConfig(model="mlp", batch_size=64), RunConfig(model="mlp", strategy="ddp", workers=2, batch_size=64)
+    truth = {link: predict_plan(mlp_profile, hw, Plan.from_config(ddp)).median_step_s for link, hw in links.items()}
+    assert truth[100.0] > truth[1000.0]  # the slow link's profile predicts a slower step
+    rows = [_row(serial, 0.9 * truth[1000.0], here.fingerprint),
+            _row(ddp, truth[100.0], here.fingerprint, 2, 100.0),
+            _row(ddp, 1.1 * truth[1000.0], here.fingerprint, 2, 1000.0),
+            _row(ddp, 1.0, here.fingerprint, 2, 10000.0)]  # its link was never profiled
+    report, across = validate_across_nodes(rows, lambda cfg, sizes: (mlp_profile, 1.0), lambda workers: here,
+                                           lambda workers, nodes, link: links.get(link), here.fingerprint)
+    errors = {c.label: c.error for c in report.cases if c.strategy == "ddp"}
+    assert errors == pytest.approx({"mlp/mnist ddp bucket 25MB x2 b64 on 2x1 nodes at 100 Mbit/s": 0.0,
+                                    "mlp/mnist ddp bucket 25MB x2 b64 on 2x1 nodes at 1000 Mbit/s": 1 / 1.1 - 1})
+    assert report.skipped == ["1 cells on 2x1 nodes at 10000 Mbit/s: no hardware profile was measured across them; "
+                              "run `partrain bench` on their suite again, as root, with the same --profile-dir"]
+    assert report.profile_seconds == 1.0  # one model profile, counted once over the three validations
+    jobs = recommendation_outcomes(across, (2,))  # per link, serial competing: 10% faster than ddp at 1 Gbit/s
+    assert {(o.key, o.plans, o.best) for o in jobs} == {
+        ("mlp/mnist on 2x1 nodes at 1000 Mbit/s batch 64, up to 2 workers", 2, "mlp/mnist serial x1 b64 on 2x1 nodes at 1000 Mbit/s"),
+        ("mlp/mnist on 2x1 nodes at 100 Mbit/s batch 64, up to 2 workers", 2, "mlp/mnist serial x1 b64 on 2x1 nodes at 100 Mbit/s")}
 
 
 # --- real cells across namespaces (root) --------------------------------------------------

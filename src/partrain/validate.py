@@ -346,13 +346,18 @@ def validate_across_nodes(rows: list[dict], profile_for, hardware_for, hardware_
     placement, link) a job of its own, in which this machine's serial cells of the same
     model, data and batch compete too, since one worker needs no link.
     """
+    # one model profile per model over the calls below, at every batch size any of them needs
+    wanted: dict[tuple, set[float]] = defaultdict(set)
+    for row in measured_rows(rows, fingerprint):
+        cfg = row_config(row)
+        wanted[_profile_key({"threads": cfg.threads}, cfg)].update(Plan.from_config(cfg).batch_sizes())
     seen: dict[tuple, ModelProfile] = {}
 
-    def profile_once(cfg, batch_sizes):  # each profile's cost counted once over the calls below
-        key = (_profile_key({"threads": cfg.threads}, cfg), tuple(batch_sizes))
+    def profile_once(cfg, _batch_sizes):
+        key = _profile_key({"threads": cfg.threads}, cfg)
         if key in seen:
-            return seen[key], 0.0
-        seen[key], seconds = profile_for(cfg, batch_sizes)
+            return seen[key], 0.0  # its cost counted once
+        seen[key], seconds = profile_for(cfg, sorted(wanted[key]))
         return seen[key], seconds
 
     report = validate([r for r in rows if not r.get("nodes")], profile_once, hardware_for, fingerprint)

@@ -18,7 +18,7 @@ messages through the shaped link), once per placement and rate.
 
 from __future__ import annotations
 
-import shutil
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +27,7 @@ from partrain.bench.suite import Cell
 from partrain.config import RunConfig
 from partrain.distributed.spawn import child_env
 from partrain.errors import PartrainError
+from partrain.predict.profiles import HardwareProfile
 from partrain.profile.cache import hardware_path, profile_dir
 from partrain.testing import netns
 from partrain.testing.netns import EmulatedNodes, Link, torchrun_across
@@ -81,5 +82,23 @@ def ensure_link_profile(cell: Cell, run: Runner, max_mb: float, timeout: float, 
         if status != "ok" or not made:
             return f"profile --hardware across {cell.placement}: {status}: {reason}"
         path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(made[0], path)
+        shares_cores(HardwareProfile.load(made[0]), cell.nodes, os.cpu_count() or 1).save(path)
     return None
+
+
+def shares_cores(hardware: HardwareProfile, nodes: int, cores: int) -> HardwareProfile:
+    """The profile of ``nodes`` emulated nodes that share this machine's ``cores``: each has
+    ``cores / nodes`` of them, not the ``cores`` the profiler saw from inside one.
+
+    Contention then comes out as on the machine: busy threads of all nodes over all cores
+    (``predict.compute.contention`` per node, with cores / nodes per node). A share below
+    one whole core (4 nodes on 2 cores) is one core at ``compute_speed`` = the share: each
+    worker computes that much slower while all compute, which overstates a pipeline whose
+    stages idle in its bubble.
+    """
+    share = cores / nodes
+    hardware.cores_per_node = max(1, int(share))
+    hardware.compute_speed = min(1.0, share / hardware.cores_per_node)
+    hardware.source = (f"measured across {nodes} emulated nodes sharing {cores} cores: {hardware.cores_per_node} core(s) "
+                       f"per node at speed {hardware.compute_speed:.2f}")
+    return hardware
