@@ -70,7 +70,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report_recommendations(report, as_json: bool, across: list) -> int:
+def _report_recommendations(report, as_json: bool, across: list = ()) -> int:
     """The recommender judged twice: as ``recommend`` ranks by default (plans that train as
     serial does) and as ``recommend --async`` ranks (local SGD and Hogwild compete too).
     ``across``: the jobs across emulated nodes (their cells and the serial baselines), each
@@ -78,10 +78,9 @@ def _report_recommendations(report, as_json: bool, across: list) -> int:
     from partrain.report.tables import outcome_table
     from partrain.validate import recommendation_outcomes, summarize_outcomes
 
-    cases = [c for c in report.cases if c not in set(across)] + across
-    sizes = tuple(sorted({c.group[3] for c in cases} - {1}))
-    modes = {"synchronous": recommendation_outcomes(cases, sizes),
-             "with_async": recommendation_outcomes(cases, sizes, include_async=True)}
+    cases = [c for c in report.cases if c not in set(across)] + list(across)
+    modes = {"synchronous": recommendation_outcomes(cases),
+             "with_async": recommendation_outcomes(cases, include_async=True)}
     if not modes["with_async"]:
         raise PartrainError("no job in the store was measured under two or more plans: run a suite with several strategies")
     summaries = {mode: {**summarize_outcomes(outcomes), "profile_cost": report.profile_cost()}
@@ -89,7 +88,7 @@ def _report_recommendations(report, as_json: bool, across: list) -> int:
     if as_json:
         print(json.dumps({**{mode: {"summary": summaries[mode], "groups": [o.__dict__ for o in outcomes]}
                              for mode, outcomes in modes.items()},
-                          "across_nodes": _summarize_across(across, sizes, as_json=True)}))
+                          "across_nodes": _summarize_across(across, as_json=True)}))
         return 0
     named = (("synchronous", "recommend", "plans that train as serial does"),
              ("with_async", "recommend --async", "local SGD competes too"))
@@ -104,15 +103,16 @@ def _report_recommendations(report, as_json: bool, across: list) -> int:
                   f"fastest), regret mean {s['mean_regret']:.1%} (worst {s['worst_regret']:.1%}), "
                   f"Kendall tau {s['kendall_tau']:.2f} ({s['kendall_tau_within_noise']:.2f} with pairs whose repeats "
                   "overlap counted as ties)")
-    _summarize_across(across, sizes, as_json=False)
+    _summarize_across(across, as_json=False)
     print(f"profiling cost {report.profile_cost():.1%} of the benchmark time of the cells it predicts")
     return 0
 
 
-def _summarize_across(across: list, sizes: tuple, as_json: bool) -> dict:
+def _summarize_across(across: list, as_json: bool) -> dict:
     """The recommender over the jobs across emulated nodes alone, per mode: printed, or returned."""
     from partrain.validate import recommendation_outcomes, summarize_outcomes
 
+    sizes = tuple(sorted({c.group[3] for c in across} - {1}))  # every placement's workers
     out = {mode: summarize_outcomes(recommendation_outcomes(across, sizes, include_async=mode == "with_async"))
            for mode in ("synchronous", "with_async")}
     for mode, s in out.items():
