@@ -3,7 +3,9 @@ namespaces can be made, the store's link columns, and real cells across two name
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import os
 import sqlite3
 import subprocess
@@ -23,7 +25,7 @@ from partrain.predict.plan import Plan
 from partrain.predict.predictor import predict_plan
 from partrain.profile.cache import hardware_across
 from partrain.testing import netns
-from partrain.validate import recommendation_outcomes, validate_across_nodes
+from partrain.validate import link_rates, recommendation_outcomes, validate_across_nodes
 
 ACROSS = {"models": ["mlp"], "strategies": ["serial", "ddp", "gpipe"], "nodes": [2, 4], "workers_per_node": [1, 2],
           "link_mbit": [100, 1000]}
@@ -149,6 +151,31 @@ def test_each_cell_across_nodes_is_predicted_from_the_profile_of_its_own_link(ml
     assert {(o.key, o.plans, o.best) for o in jobs} == {
         ("mlp/mnist on 2x1 nodes at 1000 Mbit/s batch 64, up to 2 workers", 2, "mlp/mnist serial x1 b64 on 2x1 nodes at 1000 Mbit/s"),
         ("mlp/mnist on 2x1 nodes at 100 Mbit/s batch 64, up to 2 workers", 2, "mlp/mnist serial x1 b64 on 2x1 nodes at 100 Mbit/s")}
+
+
+def test_the_link_rate_a_profile_measured_is_the_marginal_rate_of_its_largest_messages(tmp_path):
+    hw = _two_nodes(tmp_path, 0.0125)
+    hw.points = {"inter": {"2": {"sendrecv": [[2**20, 0.001 + 2**23 / 96e6], [2**22, 0.001 + 2**25 / 96e6]]}}}
+    flat = _two_nodes(tmp_path, 0.0125)
+    flat.points = {"inter": {"2": {"sendrecv": [[1024, 0.002], [4096, 0.001]]}}}  # inside the shaper's burst
+    rows = [{"nodes": 2, "workers_per_node": 1, "link_mbit": link} for link in (100.0, 1000.0, 10000.0)] + [{"nodes": None}]
+    rates = link_rates(rows, lambda workers, nodes, link: {100.0: hw, 1000.0: flat}.get(link))
+    assert [(p, s) for p, s, _ in rates] == [("2x1 nodes at 100 Mbit/s", 100.0), ("2x1 nodes at 1000 Mbit/s", 1000.0),
+                                             ("2x1 nodes at 10000 Mbit/s", 10000.0)]
+    assert rates[0][2] == pytest.approx(96.0) and math.isnan(rates[1][2]) and rates[2][2] is None
+
+
+def test_the_what_if_check_reads_the_recommenders_claims():
+    spec = importlib.util.spec_from_file_location("nodes_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "nodes.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    ddp = {"label": "ddp bucket 25MB", "plan": {"workers": 2, "strategy": "ddp"}}
+    serial = {"label": "serial", "plan": {"workers": 1, "strategy": "serial"}}
+    rec = {"winner": ddp, "ranked": [ddp, serial],
+           "explanation": "ddp bucket 25MB on 2 workers is predicted fastest. With a 10x slower link, serial on 1 worker would win."}
+    assert bench.claims(rec) == [(0.1, serial, True)]
+    rec = {"winner": serial, "ranked": [serial, ddp], "explanation": "... A 10x faster or slower link would not change the choice."}
+    assert bench.claims(rec) == [(0.1, ddp, False), (10.0, ddp, False)]
 
 
 # --- real cells across namespaces (root) --------------------------------------------------

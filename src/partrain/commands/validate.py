@@ -38,7 +38,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from partrain.profile.cache import fingerprint, hardware_across, hardware_for, load_or_profile
     from partrain.report.plots import plot_scatter
     from partrain.report.tables import report_tables
-    from partrain.validate import validate_across_nodes
+    from partrain.validate import link_rates, validate_across_nodes
 
     with Store(args.store, create=False) as store:
         rows = store.rows()
@@ -59,13 +59,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.recommendations:
         return _report_recommendations(report, args.json, across)
     png = plot_scatter(report, args.plot)
+    links = link_rates(rows, lambda workers, nodes, link: hardware_across(workers, nodes, link, args.profile_dir))
     if args.json:
-        print(json.dumps({**report.to_dict(), "plot": str(png)}))
+        print(json.dumps({**report.to_dict(), "plot": str(png),
+                          "links": [{"placement": p, "shaped_mbit": s, "measured_mbit": m} for p, s, m in links]}))
         return 0
     for table in report_tables(report, args.worst):
         print_table(table)
     for line in report.skipped:
         print(f"  skipped {line}")
+    for placement, shaped, measured in links:  # issue 18: within 10% of the shaped rate
+        said = ("nothing: not profiled" if measured is None else f"{measured:.0f} Mbit/s ({measured / shaped - 1:+.0%})"
+                if measured == measured else "no rate: its largest message was no slower than the one before")
+        print(f"link {placement}: profile --hardware measured {said}")
     print(f"plot: {png}")
     return 0
 
