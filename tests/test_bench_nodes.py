@@ -85,6 +85,17 @@ def test_cells_across_nodes_are_refused_before_anything_runs_where_namespaces_ca
     assert str(err.value).startswith("16 of the suite's cells run across emulated nodes, and emulated nodes need root")
 
 
+def test_bench_refuses_such_a_suite_before_it_makes_the_store(tmp_path, monkeypatch, capsys):
+    from partrain.cli import main
+
+    monkeypatch.setattr(netns, "available", lambda: "emulated nodes need root (network namespaces)")
+    suite = tmp_path / "nodes.toml"
+    suite.write_text('models = ["mlp"]\nstrategies = ["ddp"]\nnodes = [2]\nlink_mbit = [100]\n')
+    assert main(["bench", str(suite), "--store", str(tmp_path / "r.sqlite")]) == 2
+    assert capsys.readouterr().err.startswith("partrain: error: 1 of the suite's cells run across emulated nodes")
+    assert not (tmp_path / "r.sqlite").exists()
+
+
 def test_a_store_from_before_the_link_columns_opens_and_gains_them(tmp_path):
     path = tmp_path / "old.sqlite"
     old = [(n, sql) for n, sql, _ in COLUMNS if n not in ("nodes", "workers_per_node", "link_mbit")]

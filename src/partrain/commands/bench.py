@@ -56,6 +56,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for cell in suite.cells():
             print(cell.label)
         return 0
+    from partrain.bench.nodes import refusal
+
+    if reason := refusal(suite.cells()):  # before the store is made: a refused suite leaves nothing
+        raise PartrainError(reason)
     with Store(args.store) as store:
         rows = store.rows(run_suite(suite, store, force=args.force, data_dir=args.data_dir, show_progress=not args.quiet,
                                     profile_dir=args.profile_dir))
