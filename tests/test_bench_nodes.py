@@ -25,7 +25,8 @@ from partrain.predict.plan import Plan
 from partrain.predict.predictor import predict_plan
 from partrain.profile.cache import hardware_across
 from partrain.testing import netns
-from partrain.validate import link_rates, recommendation_outcomes, validate_across_nodes
+from partrain.validate import recommendation_outcomes
+from partrain.validate_nodes import link_rates, validate_across_nodes
 
 ACROSS = {"models": ["mlp"], "strategies": ["serial", "ddp", "gpipe"], "nodes": [2, 4], "workers_per_node": [1, 2],
           "link_mbit": [100, 1000]}

@@ -38,7 +38,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from partrain.profile.cache import fingerprint, hardware_across, hardware_for, load_or_profile
     from partrain.report.plots import plot_scatter
     from partrain.report.tables import report_tables
-    from partrain.validate import link_rates, validate_across_nodes
+    from partrain.validate_nodes import link_rates, validate_across_nodes
 
     with Store(args.store, create=False) as store:
         rows = store.rows()
