@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from partrain.bench import Store, run_suite
+from partrain.bench import Store, run_suite, runner
 from partrain.bench import nodes as bench_nodes
-from partrain.bench import runner
 from partrain.bench.store import COLUMNS
 from partrain.bench.suite import suite_from_dict
 from partrain.config import RunConfig
@@ -161,8 +160,8 @@ def test_each_cell_across_nodes_is_predicted_from_the_profile_of_its_own_link(ml
     assert report.profile_seconds == 1.0  # one model profile, counted once over the three validations
     jobs = recommendation_outcomes(across, (2,))  # per link, serial competing: 10% faster than ddp at 1 Gbit/s
     assert {(o.key, o.plans, o.best) for o in jobs} == {
-        ("mlp/mnist on 2x1 nodes at 1000 Mbit/s batch 64, up to 2 workers", 2, "mlp/mnist serial x1 b64 on 2x1 nodes at 1000 Mbit/s"),
-        ("mlp/mnist on 2x1 nodes at 100 Mbit/s batch 64, up to 2 workers", 2, "mlp/mnist serial x1 b64 on 2x1 nodes at 100 Mbit/s")}
+        (f"mlp/mnist on 2x1 nodes at {link} Mbit/s batch 64, up to 2 workers", 2,
+         f"mlp/mnist serial x1 b64 on 2x1 nodes at {link} Mbit/s") for link in (100, 1000)}
 
 
 def test_the_link_rate_a_profile_measured_is_the_marginal_rate_of_its_largest_messages(tmp_path):
@@ -183,10 +182,11 @@ def test_the_what_if_check_reads_the_recommenders_claims():
     spec.loader.exec_module(bench)
     ddp = {"label": "ddp bucket 25MB", "plan": {"workers": 2, "strategy": "ddp"}}
     serial = {"label": "serial", "plan": {"workers": 1, "strategy": "serial"}}
-    rec = {"winner": ddp, "ranked": [ddp, serial],
-           "explanation": "ddp bucket 25MB on 2 workers is predicted fastest. With a 10x slower link, serial on 1 worker would win."}
+    rec = {"winner": ddp, "ranked": [ddp, serial], "explanation": "ddp bucket 25MB on 2 workers is predicted fastest. "
+           "With a 10x slower link, serial on 1 worker would win."}
     assert bench.claims(rec) == [(0.1, serial, True)]
-    rec = {"winner": serial, "ranked": [serial, ddp], "explanation": "... A 10x faster or slower link would not change the choice."}
+    rec = {"winner": serial, "ranked": [serial, ddp],
+           "explanation": "... A 10x faster or slower link would not change the choice."}
     assert bench.claims(rec) == [(0.1, ddp, False), (10.0, ddp, False)]
 
 

@@ -16,8 +16,8 @@ from partrain.predict.profiles import ModelProfile
 from partrain.validate import Case, Report, _profile_key, measured_rows, row_config, validate
 
 
-
-def validate_across_nodes(rows: list[dict], profile_for, hardware_for, hardware_across, fingerprint: str) -> tuple[Report, list[Case]]:
+def validate_across_nodes(rows: list[dict], profile_for, hardware_for, hardware_across, fingerprint: str,
+                          device: str = "cpu") -> tuple[Report, list[Case]]:
     """``validate``, with the cells run across emulated nodes (``bench.nodes``) predicted from
     the hardware profile measured across the same placement and link:
     ``hardware_across(workers, nodes, link_mbit) -> HardwareProfile | None`` (None: none was
@@ -42,7 +42,7 @@ def validate_across_nodes(rows: list[dict], profile_for, hardware_for, hardware_
         seen[key], seconds = profile_for(cfg, sorted(wanted[key]))
         return seen[key], seconds
 
-    report = validate([r for r in rows if not r.get("nodes")], profile_once, hardware_for, fingerprint)
+    report = validate([r for r in rows if not r.get("nodes")], profile_once, hardware_for, fingerprint, device)
     links: dict[tuple, list[dict]] = defaultdict(list)
     for row in rows:
         if row.get("nodes"):
@@ -56,8 +56,9 @@ def validate_across_nodes(rows: list[dict], profile_for, hardware_for, hardware_
             report.skipped.append(f"{len(link_rows)} cells on {where}: no hardware profile was measured across them; "
                                   "run `partrain bench` on their suite again, as root, with the same --profile-dir")
             continue
-        part = validate(link_rows, profile_once, lambda workers, hw=hardware: hw, fingerprint)
+        part = validate(link_rows, profile_once, lambda workers, hw=hardware: hw, fingerprint, device)
         report.profile_seconds += part.profile_seconds
+        report.mismatched += part.mismatched
         report.skipped += [f"{line} on {where}" for line in part.skipped]
         tagged = [_on(c, where) for c in part.cases]
         report.cases += tagged
@@ -69,7 +70,8 @@ def validate_across_nodes(rows: list[dict], profile_for, hardware_for, hardware_
 def _on(case: Case, where: str) -> Case:
     """``case`` as part of the job across ``where``: its own group, named so."""
     model, dataset, batch, workers, threads = case.group
-    return dataclasses.replace(case, label=f"{case.label} on {where}", group=(model, f"{dataset} on {where}", batch, workers, threads))
+    return dataclasses.replace(case, label=f"{case.label} on {where}",
+                               group=(model, f"{dataset} on {where}", batch, workers, threads))
 
 
 def link_rates(rows: list[dict], hardware_across) -> list[tuple[str, float, float | None]]:
@@ -78,7 +80,8 @@ def link_rates(rows: list[dict], hardware_across) -> list[tuple[str, float, floa
     cancels out), None where the link was not profiled, NaN where its largest message took no
     longer than the one before (messages that small pass in the shaper's burst)."""
     out = []
-    for nodes, per_node, link in sorted({(r["nodes"], r["workers_per_node"], r["link_mbit"]) for r in rows if r.get("nodes")}):
+    placed = {(r["nodes"], r["workers_per_node"], r["link_mbit"]) for r in rows if r.get("nodes")}
+    for nodes, per_node, link in sorted(placed):
         hardware = hardware_across(nodes * per_node, nodes, link)
         points = sorted((hardware.points.get("inter", {}).get(str(nodes), {}).get("sendrecv") or []) if hardware else [])
         rate = None if hardware is None else math.nan

@@ -64,7 +64,7 @@ def train_across(nodes: EmulatedNodes, cell: Cell, train_args: list[str]) -> lis
 
 def link_profile_path(cell: Cell, directory=None) -> Path:
     """Where the hardware profile measured across the cell's nodes and link is kept."""
-    return hardware_path(profile_dir(directory), cell.workers, cell.nodes, cell.link_mbit)
+    return hardware_path(profile_dir(directory), cell.workers, cell.nodes, link_mbit=cell.link_mbit)
 
 
 def ensure_link_profile(cell: Cell, run: Runner, max_mb: float, timeout: float, directory=None,

@@ -166,7 +166,7 @@ def run_processes(cmds: list[list[str]], timeout: float, tick: Callable[[], None
         errs = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in cmds]
         procs: list[subprocess.Popen] = []
         try:
-            for cmd, out, err in zip(cmds, outs, errs):
+            for cmd, out, err in zip(cmds, outs, errs, strict=True):
                 procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env or child_env(),
                                               start_new_session=True, preexec_fn=partial(die_with_parent, signal.SIGTERM)))
             deadline = time.monotonic() + timeout
@@ -275,7 +275,15 @@ def figures(cell: Cell, result: dict) -> dict:
         "test_accuracy": accuracy,
         "final_loss": result["step_losses"][-1] if result["step_losses"] else None,
         "partition": result.get("partition"),
+        "device": run_device(result),
     }
+
+
+def run_device(result: dict) -> str:
+    """What a finished run trained on: the GPU's name when its backend was NCCL (train puts
+    every worker on a GPU then), else "cpu"."""
+    gpu = fingerprint().gpu
+    return gpu if result.get("backend") == "nccl" and gpu else "cpu"
 
 
 def _now() -> str:

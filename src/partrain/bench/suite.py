@@ -20,6 +20,9 @@ A suite file lists the axes of the matrix and how much of each run to measure::
     seed = 0
     timeout = 600                    # seconds per cell, process start to exit
     data_dir = "/data"               # default: --data-dir, else $PARTRAIN_DATA_DIR
+    precisions = ["fp32", "bf16"]    # train's --precision, an axis of the matrix (default: fp32)
+    channels_last = false            # train's --channels-last, for every cell
+    compile = false                  # train's --compile, for every cell
 
     # across emulated nodes (issue 18; needs root: partrain.testing.netns), instead of workers:
     nodes = [2, 4]                   # network namespaces joined by a shaped link ...
@@ -30,7 +33,7 @@ A suite file lists the axes of the matrix and how much of each run to measure::
 
 Every key but ``models`` is optional; a list key also takes a single value. The matrix is
 the product of models x datasets x strategies x workers x batch sizes x micro-batches x lrs
-x repeats, with one exception: micro-batches multiply pipeline strategies only (a data
+x precisions x repeats, with one exception: micro-batches multiply pipeline strategies only (a data
 parallel run has no micro-batches, so it is one cell, not one per value).
 
 With ``nodes`` (or ``placements``) the workers axis is the placements x link rates: each
@@ -57,7 +60,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from partrain.config import RunConfig
+from partrain.config import PRECISIONS, RunConfig
 from partrain.data import dataset_spec
 from partrain.errors import PartrainError
 from partrain.models import list_models
@@ -110,6 +113,9 @@ class Cell:
     eval_limit: int | None = None
     threads: int = 1
     seed: int = 0
+    precision: str = "fp32"
+    channels_last: bool = False
+    compile: bool = False
     # across emulated nodes (None: on this machine); workers = nodes x workers_per_node
     nodes: int | None = None
     workers_per_node: int | None = None
@@ -121,6 +127,8 @@ class Cell:
         if self.microbatches:
             parts.append(f"mb{self.microbatches}")
         parts.append(f"lr{self.lr:g}")
+        parts += [self.precision] if self.precision != "fp32" else []
+        parts += ["channels-last"] * self.channels_last + ["compiled"] * self.compile
         if self.nodes:
             parts.append(f"on {self.placement}")
         if self.repeat:
@@ -135,10 +143,15 @@ class Cell:
         return f"{self.nodes}x{self.workers_per_node} nodes at {self.link_mbit:g} Mbit/s"
 
     def identity(self) -> dict:
-        """Everything that makes a measurement differ, without the repeat index. The link fields
-        only across nodes, so that a cell on this machine keeps the key it had before them."""
+        """Everything that makes a measurement differ, without the repeat index. The numerics
+        count only when not the default (fp32, eager, contiguous), and the link fields only
+        across nodes: a cell stored before they existed keeps its key, and is found again
+        instead of measured twice."""
         fields = dataclasses.asdict(self)
         del fields["repeat"]
+        for name, default in _RUN_OPTION_DEFAULTS.items():
+            if fields[name] == default:
+                del fields[name]
         if self.nodes is None:
             for name in _NODE_FIELDS:
                 del fields[name]
@@ -169,10 +182,12 @@ class Cell:
             epochs=self.epochs or total, steps=total, limit=self.limit, eval_limit=self.eval_limit,
             evaluate=self.steps is None, batch_size=self.batch_size, lr=self.lr, seed=self.seed,
             strategy=self.strategy, workers=self.workers, microbatches=self.microbatches,
-            threads=self.threads, timeout_s=min(timeout, 300.0),
+            threads=self.threads, timeout_s=min(timeout, 300.0), precision=self.precision,
+            channels_last=self.channels_last, compile=self.compile,
         )
 
 
+_RUN_OPTION_DEFAULTS = {"precision": "fp32", "channels_last": False, "compile": False}
 _NODE_FIELDS = ("nodes", "workers_per_node", "link_mbit")
 
 
@@ -204,6 +219,9 @@ class Suite:
     seed: int = 0
     timeout: float = 600.0
     data_dir: str | None = None
+    precisions: tuple[str, ...] = ("fp32",)
+    channels_last: bool = False
+    compile: bool = False
     nodes: tuple[int, ...] = ()  # emulated nodes; empty: every cell on this machine
     workers_per_node: tuple[int, ...] = ()  # empty: 1
     placements: tuple[str, ...] = ()  # "NxW" pairs, instead of nodes x workers_per_node
@@ -229,15 +247,16 @@ class Suite:
         once, then again for each further repeat, so that a cell's repeats run minutes apart
         (different moments of a shared machine) and an interrupted suite has whole passes."""
         cells = []
-        axes = itertools.product(self.models, self.datasets, self.batch_sizes, self.lrs, self.strategies)
-        for model, dataset, batch, lr, strategy in axes:
+        axes = itertools.product(self.models, self.datasets, self.batch_sizes, self.lrs, self.precisions, self.strategies)
+        for model, dataset, batch, lr, precision, strategy in axes:
             for workers, nodes, per_node, link in self._where(strategy):
                 for mb in (self.microbatches or (None,)) if SPECS[strategy].micro_batched else (None,):
                     for repeat in range(self.repeats):
                         cells.append(Cell(
                             model, dataset, strategy, workers, batch, mb, lr, repeat,
                             self.synthetic or dataset_spec(dataset).synthetic_only, self.warmup_steps, self.steps,
-                            self.epochs, self.limit, self.eval_limit, self.threads, self.seed, nodes, per_node, link,
+                            self.epochs, self.limit, self.eval_limit, self.threads, self.seed, precision,
+                            self.channels_last, self.compile, nodes, per_node, link,
                         ))
         return sorted(cells, key=lambda c: c.repeat)  # stable: the matrix order within a pass
 
@@ -277,6 +296,9 @@ _SCHEMA: dict[str, tuple[type | tuple, bool, tuple | None]] = {
     "seed": (int, False, (lambda v: 0 <= v < 2**32, "in 0..2**32-1")),
     "timeout": ((int, float), False, (lambda v: math.isfinite(v) and v > 0, "a finite number > 0")),
     "data_dir": (str, False, None),
+    "precisions": (str, True, (lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}")),
+    "channels_last": (bool, False, None),
+    "compile": (bool, False, None),
     "nodes": (int, True, (lambda v: 2 <= v <= 64, "2..64 (one node is this machine: use workers)")),
     "workers_per_node": (int, True, _POSITIVE),
     "placements": (str, True, (lambda v: re.fullmatch(r"([2-9]|[1-5][0-9]|6[0-4])x[1-9][0-9]*", v) is not None,
