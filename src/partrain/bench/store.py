@@ -69,6 +69,9 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("precision", "TEXT", "fp32 | bf16 | fp16 (autocast)"),
     ("channels_last", "INTEGER", "1: --channels-last"),
     ("compile", "INTEGER", "1: --compile"),
+    ("nodes", "INTEGER", "emulated nodes the cell ran across (NULL: this machine)"),
+    ("workers_per_node", "INTEGER", "across emulated nodes: workers on each"),
+    ("link_mbit", "REAL", "across emulated nodes: the shaped rate of their link, Mbit/s"),
     ("config", "TEXT NOT NULL", "JSON: the full cell and RunConfig"),
     ("status", "TEXT NOT NULL", "ok | skipped | failed | timeout"),
     ("reason", "TEXT", "why a cell was skipped or failed"),
@@ -175,6 +178,7 @@ class Store:
             self.db.execute(f"CREATE TABLE IF NOT EXISTS cells (\n  {columns}\n)")
             if self.legacy:
                 self._migrate()
+            self._add_missing_columns()
             self.db.execute("CREATE INDEX IF NOT EXISTS cells_by_config ON cells(model, dataset, strategy, workers, batch_size)")
             self.db.execute("CREATE INDEX IF NOT EXISTS cells_by_baseline ON cells(baseline_key)")
             self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -182,15 +186,22 @@ class Store:
     def _migrate(self) -> None:
         """Schema 1 -> 2, inside ``_prepare``'s transaction: add the run columns, then fill
         them in for the rows already there."""
-        have = {row[1] for row in self.db.execute("PRAGMA table_info(cells)")}
-        for name, sql, _ in COLUMNS:
-            if name not in have:
-                self.db.execute(f'ALTER TABLE cells ADD COLUMN "{name}" {sql}')
+        self._add_missing_columns()
         for row in self.db.execute("SELECT id, gpu, config FROM cells").fetchall():
             values = legacy_run_columns(dict(row))
             self.db.execute("UPDATE cells SET device = ?, precision = ?, channels_last = ?, compile = ? WHERE id = ?",
                             (values["device"], values["precision"], values["channels_last"], values["compile"], row["id"]))
         self.legacy = False
+
+    def _add_missing_columns(self) -> None:
+        """A store written before a column existed gets it, empty (NULL) in its old rows, so
+        that it keeps opening and its cells keep counting as measured (the link columns of
+        cells across emulated nodes came within schema 2). Only nullable columns can be added
+        this way (SQLite's ADD COLUMN), which every later column is."""
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(cells)")}
+        for name, sql, _ in COLUMNS:
+            if name not in have:
+                self.db.execute(f'ALTER TABLE cells ADD COLUMN "{name}" {sql}')
 
     def close(self) -> None:
         self.db.close()
@@ -218,6 +229,7 @@ class Store:
             "synthetic": int(cell.synthetic), "warmup_steps": cell.warmup_steps, "steps": cell.steps,
             "epochs": cell.epochs, "limit_samples": cell.limit, "threads": cell.threads,
             "precision": cell.precision, "channels_last": int(cell.channels_last), "compile": int(cell.compile),
+            "nodes": cell.nodes, "workers_per_node": cell.workers_per_node, "link_mbit": cell.link_mbit,
             "config": json.dumps({"cell": asdict(cell), "run": outcome.config}, sort_keys=True),
             "status": outcome.status, "reason": outcome.reason, **outcome.figures,
             "wall_seconds": outcome.wall_seconds, "load_average": outcome.load_average, "hardware_hash": hardware.hash, **asdict(hardware),

@@ -24,10 +24,22 @@ A suite file lists the axes of the matrix and how much of each run to measure::
     channels_last = false            # train's --channels-last, for every cell
     compile = false                  # train's --compile, for every cell
 
+    # across emulated nodes (issue 18; needs root: partrain.testing.netns), instead of workers:
+    nodes = [2, 4]                   # network namespaces joined by a shaped link ...
+    workers_per_node = [1, 2]        # ... each running this many workers (default 1)
+    # placements = ["2x1", "4x1", "2x2"]   # or: the (nodes x workers per node) pairs themselves
+    link_mbit = [100, 1000]          # the link's rate in Mbit/s, each a cell of its own
+    profile_max_mb = 4               # largest message of the link's profile --hardware
+
 Every key but ``models`` is optional; a list key also takes a single value. The matrix is
 the product of models x datasets x strategies x workers x batch sizes x micro-batches x lrs
 x precisions x repeats, with one exception: micro-batches multiply pipeline strategies only (a data
 parallel run has no micro-batches, so it is one cell, not one per value).
+
+With ``nodes`` (or ``placements``) the workers axis is the placements x link rates: each
+strategy runs under torchrun across that many emulated nodes joined by a link of that rate
+(``bench.nodes``), except serial, which has one worker and so no link: it runs once, here,
+as the baseline. ``workers`` and ``nodes`` are not given together.
 
 A suite is validated completely when it is read -- unknown keys, wrong types, unknown
 models, datasets and strategies are one ``PartrainError`` -- so a bad file never starts a
@@ -43,6 +55,7 @@ import hashlib
 import itertools
 import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +116,10 @@ class Cell:
     precision: str = "fp32"
     channels_last: bool = False
     compile: bool = False
+    # across emulated nodes (None: on this machine); workers = nodes x workers_per_node
+    nodes: int | None = None
+    workers_per_node: int | None = None
+    link_mbit: float | None = None
 
     @property
     def label(self) -> str:
@@ -112,18 +129,31 @@ class Cell:
         parts.append(f"lr{self.lr:g}")
         parts += [self.precision] if self.precision != "fp32" else []
         parts += ["channels-last"] * self.channels_last + ["compiled"] * self.compile
+        if self.nodes:
+            parts.append(f"on {self.placement}")
         if self.repeat:
             parts.append(f"#{self.repeat}")
         return " ".join(parts)
 
+    @property
+    def placement(self) -> str | None:
+        """Where the cell runs across emulated nodes, in words (None: on this machine)."""
+        if not self.nodes:
+            return None
+        return f"{self.nodes}x{self.workers_per_node} nodes at {self.link_mbit:g} Mbit/s"
+
     def identity(self) -> dict:
         """Everything that makes a measurement differ, without the repeat index. The numerics
-        count only when not the default (fp32, eager, contiguous): a cell stored before they
-        existed keeps its key, and is found again instead of measured twice."""
+        count only when not the default (fp32, eager, contiguous), and the link fields only
+        across nodes: a cell stored before they existed keeps its key, and is found again
+        instead of measured twice."""
         fields = dataclasses.asdict(self)
         del fields["repeat"]
         for name, default in _RUN_OPTION_DEFAULTS.items():
             if fields[name] == default:
+                del fields[name]
+        if self.nodes is None:
+            for name in _NODE_FIELDS:
                 del fields[name]
         return fields
 
@@ -135,8 +165,8 @@ class Cell:
         """Shared by this cell and the serial runs it is compared against: the same job, minus
         how it is parallelized (strategy, workers, micro-batches), on the same hardware."""
         fields = self.identity()
-        for name in ("strategy", "workers", "microbatches"):
-            del fields[name]
+        for name in ("strategy", "workers", "microbatches", *_NODE_FIELDS):
+            fields.pop(name, None)  # across nodes too: the serial baseline ran here, on one worker
         return _digest({**fields, "hardware": hardware_hash})
 
     def run_config(self, data_dir: str | None, timeout: float) -> RunConfig:
@@ -158,6 +188,7 @@ class Cell:
 
 
 _RUN_OPTION_DEFAULTS = {"precision": "fp32", "channels_last": False, "compile": False}
+_NODE_FIELDS = ("nodes", "workers_per_node", "link_mbit")
 
 
 def _digest(fields: dict) -> str:
@@ -191,23 +222,42 @@ class Suite:
     precisions: tuple[str, ...] = ("fp32",)
     channels_last: bool = False
     compile: bool = False
+    nodes: tuple[int, ...] = ()  # emulated nodes; empty: every cell on this machine
+    workers_per_node: tuple[int, ...] = ()  # empty: 1
+    placements: tuple[str, ...] = ()  # "NxW" pairs, instead of nodes x workers_per_node
+    link_mbit: tuple[float, ...] = ()
+    profile_max_mb: float = 4.0
+
+    def places(self) -> list[tuple[int, int]]:
+        """The (nodes, workers per node) pairs the suite runs across; empty: none."""
+        if self.placements:
+            return [tuple(int(n) for n in p.split("x")) for p in self.placements]
+        return [(n, w) for n in self.nodes for w in self.workers_per_node or (1,)]
+
+    def _where(self, strategy: str) -> list[tuple[int, int | None, int | None, float | None]]:
+        """(workers, nodes, workers per node, link) of one strategy's cells."""
+        if not self.places():
+            return [(w, None, None, None) for w in self.workers]
+        if SPECS[strategy].family == "serial":  # one worker has no link: the baseline, here
+            return [(1, None, None, None)]
+        return [(n * w, n, w, float(link)) for n, w in self.places() for link in self.link_mbit]
 
     def cells(self) -> list[Cell]:
         """The matrix, in a stable order (the order the runner measures it): the whole matrix
         once, then again for each further repeat, so that a cell's repeats run minutes apart
         (different moments of a shared machine) and an interrupted suite has whole passes."""
         cells = []
-        axes = itertools.product(self.models, self.datasets, self.batch_sizes, self.lrs, self.precisions, self.strategies,
-                                 self.workers)
-        for model, dataset, batch, lr, precision, strategy, workers in axes:
-            for mb in (self.microbatches or (None,)) if SPECS[strategy].micro_batched else (None,):
-                for repeat in range(self.repeats):
-                    cells.append(Cell(
-                        model, dataset, strategy, workers, batch, mb, lr, repeat,
-                        self.synthetic or dataset_spec(dataset).synthetic_only, self.warmup_steps, self.steps,
-                        self.epochs, self.limit, self.eval_limit, self.threads, self.seed, precision,
-                        self.channels_last, self.compile,
-                    ))
+        axes = itertools.product(self.models, self.datasets, self.batch_sizes, self.lrs, self.precisions, self.strategies)
+        for model, dataset, batch, lr, precision, strategy in axes:
+            for workers, nodes, per_node, link in self._where(strategy):
+                for mb in (self.microbatches or (None,)) if SPECS[strategy].micro_batched else (None,):
+                    for repeat in range(self.repeats):
+                        cells.append(Cell(
+                            model, dataset, strategy, workers, batch, mb, lr, repeat,
+                            self.synthetic or dataset_spec(dataset).synthetic_only, self.warmup_steps, self.steps,
+                            self.epochs, self.limit, self.eval_limit, self.threads, self.seed, precision,
+                            self.channels_last, self.compile, nodes, per_node, link,
+                        ))
         return sorted(cells, key=lambda c: c.repeat)  # stable: the matrix order within a pass
 
     def replace(self, **changes) -> Suite:
@@ -216,6 +266,10 @@ class Suite:
         for given, other in (("epochs", "steps"), ("steps", "epochs")):
             if given in changes and other not in changes:
                 fields[other] = None
+        if (fields["nodes"] or fields["placements"]) and "workers" not in changes:
+            fields["workers"] = None  # across nodes the placements are the workers
+        if fields["profile_max_mb"] == 4.0 and "profile_max_mb" not in changes:
+            fields["profile_max_mb"] = None  # the default, given only with nodes
         return suite_from_dict({k: v for k, v in fields.items() if v not in (None, ())}, f"suite {self.name!r}")
 
 
@@ -245,6 +299,12 @@ _SCHEMA: dict[str, tuple[type | tuple, bool, tuple | None]] = {
     "precisions": (str, True, (lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}")),
     "channels_last": (bool, False, None),
     "compile": (bool, False, None),
+    "nodes": (int, True, (lambda v: 2 <= v <= 64, "2..64 (one node is this machine: use workers)")),
+    "workers_per_node": (int, True, _POSITIVE),
+    "placements": (str, True, (lambda v: re.fullmatch(r"([2-9]|[1-5][0-9]|6[0-4])x[1-9][0-9]*", v) is not None,
+                               "NODESxWORKERS with 2..64 nodes, e.g. \"2x1\"")),
+    "link_mbit": ((int, float), True, (lambda v: math.isfinite(v) and v > 0, "a finite number > 0")),
+    "profile_max_mb": ((int, float), False, (lambda v: math.isfinite(v) and 0 < v <= 1024, "in (0, 1024]")),
 }
 
 
@@ -278,9 +338,27 @@ def suite_from_dict(raw: dict, source: str) -> Suite:
         raise PartrainError(f"{source}: give steps (measured steps after warm-up) or epochs, not both")
     if "epochs" in fields:
         fields["steps"] = None
+    _check_nodes(source, fields)
     fields.setdefault("name", Path(source).stem)
     _check_names(source, fields)
     return Suite(**fields)
+
+
+def _check_nodes(source: str, fields: dict) -> None:
+    """The emulated-node keys come together, and instead of ``workers``."""
+    across = "nodes" in fields or "placements" in fields
+    if "nodes" in fields and "placements" in fields:
+        raise PartrainError(f"{source}: give nodes (with workers_per_node) or placements, not both")
+    if "workers_per_node" in fields and "nodes" not in fields:
+        raise PartrainError(f"{source}: workers_per_node needs nodes; add for example nodes = [2]")
+    if across and "workers" in fields:
+        raise PartrainError(f"{source}: give workers (this machine) or nodes (emulated nodes), not both; "
+                            "across nodes serial runs here as the baseline")
+    if across != ("link_mbit" in fields):
+        raise PartrainError(f"{source}: nodes and link_mbit come together: " + (
+            "add for example link_mbit = [1000]" if across else "add for example nodes = [2]"))
+    if "profile_max_mb" in fields and not across:
+        raise PartrainError(f"{source}: profile_max_mb sizes the link's profile across nodes: add nodes, or remove it")
 
 
 def _check_names(source: str, fields: dict) -> None:

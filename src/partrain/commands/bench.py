@@ -39,6 +39,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--store", help=STORE_HELP)
     p.add_argument("--data-dir", help="where the datasets are (default: the suite's data_dir, else $PARTRAIN_DATA_DIR)")
     p.add_argument("--force", action="store_true", help="run cells again even when already measured on this hardware")
+    p.add_argument("--profile-dir", help="across emulated nodes: where each link's hardware profile is kept "
+                   "(default: $PARTRAIN_PROFILE_DIR, else ~/.partrain/profiles)")
     p.add_argument("--list", action="store_true", help="print the suite's cells and exit; runs and stores nothing")
     p.add_argument("--quiet", action="store_true", help="no progress and no table")
     from partrain.config import add_options
@@ -62,8 +64,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for cell in suite.cells():
             print(cell.label)
         return 0
+    from partrain.bench.nodes import refusal
+
+    if reason := refusal(suite.cells()):  # before the store is made: a refused suite leaves nothing
+        raise PartrainError(reason)
     with Store(args.store) as store:
-        rows = store.rows(run_suite(suite, store, force=args.force, data_dir=args.data_dir, show_progress=not args.quiet))
+        rows = store.rows(run_suite(suite, store, force=args.force, data_dir=args.data_dir, show_progress=not args.quiet,
+                                    profile_dir=args.profile_dir))
         path = store.path
     if not args.quiet:
         print_rows(rows, f"suite {suite.name} ({path}); * = extrapolated epoch")

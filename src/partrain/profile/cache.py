@@ -50,13 +50,23 @@ def profile_threads(threads: int) -> int:
     return min(threads, os.cpu_count() or 1)
 
 
-def hardware_path(directory: Path, workers: int, nodes: int = 1, backend: str | None = None) -> Path:
+def hardware_path(directory: Path, workers: int, nodes: int = 1, backend: str | None = None,
+                  link_mbit: float | None = None) -> Path:
     """Where the profile of ``workers`` workers is cached: over several nodes a file of its own
-    (the same machine's local profile of as many workers measured no link between nodes), and
-    one of its own for gloo on a GPU machine (CPU workers there: ``--device cpu``)."""
+    (the same machine's local profile of as many workers measured no link between nodes), one
+    of its own for gloo on a GPU machine (CPU workers there: ``--device cpu``), and one per
+    rate of an emulated link between nodes (``bench.nodes``)."""
     across = f"-n{nodes}" if nodes > 1 else ""
     other = f"-{backend}" if backend not in (None, machine().backend) else ""
-    return directory / f"hardware-w{workers}{across}{other}-{fingerprint()}.json"
+    link = f"-l{link_mbit:g}mbit" if link_mbit else ""
+    return directory / f"hardware-w{workers}{across}{other}{link}-{fingerprint()}.json"
+
+
+def hardware_across(workers: int, nodes: int, link_mbit: float, directory=None) -> HardwareProfile | None:
+    """The hardware profile measured across ``nodes`` emulated nodes joined by a ``link_mbit``
+    link (``bench`` keeps one per placement and rate); None when none was measured."""
+    path = hardware_path(profile_dir(directory), workers, nodes, link_mbit=link_mbit)
+    return HardwareProfile.load(path) if path.is_file() else None
 
 
 def _problem(err: PartrainError) -> str:
