@@ -210,6 +210,10 @@ def validate(rows: list[dict], profile_for, hardware_for, fingerprint: str) -> R
     cases, skipped, spent = [], [], 0.0
     profiles: dict[tuple, ModelProfile] = {}
     hardware: dict[int, HardwareProfile] = {}
+    scratch = [r for r in measured_rows(rows, fingerprint) if r.get("engine") == "scratch"]
+    if scratch:  # the profiles and cost models are of PyTorch's modules and collectives, not of NumPy's
+        skipped.append(f"{len(scratch)} cells of the scratch engine: the predictor models the PyTorch engine, not validated")
+        rows = [r for r in rows if r.get("engine") != "scratch"]
     configs = [(group, row_config(group[0])) for group in repeat_groups(measured_rows(rows, fingerprint))]
     wanted: dict[tuple, set[float]] = defaultdict(set)
     for group, cfg in configs:

@@ -44,6 +44,8 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("cell_key", "TEXT NOT NULL UNIQUE", "hash of the normalized cell, the hardware hash and the repeat"),
     ("baseline_key", "TEXT NOT NULL", "shared with the serial cells this cell's speedup is measured against"),
     ("suite", "TEXT", "the suite or scaling study that ran the cell"),
+    ("engine", "TEXT NOT NULL DEFAULT 'torch'", "torch: PyTorch's modules and strategies; scratch: the NumPy engine "
+     "(partrain.scratch); a cell's speedup is against the serial run of its own engine"),
     ("model", "TEXT NOT NULL", ""),
     ("dataset", "TEXT NOT NULL", ""),
     ("strategy", "TEXT NOT NULL", ""),
@@ -158,9 +160,19 @@ class Store:
         with self.db:
             columns = ",\n  ".join(f'"{name}" {sql}' for name, sql, _ in COLUMNS)
             self.db.execute(f"CREATE TABLE IF NOT EXISTS cells (\n  {columns}\n)")
+            self._add_missing_columns()
             self.db.execute("CREATE INDEX IF NOT EXISTS cells_by_config ON cells(model, dataset, strategy, workers, batch_size)")
             self.db.execute("CREATE INDEX IF NOT EXISTS cells_by_baseline ON cells(baseline_key)")
             self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _add_missing_columns(self) -> None:
+        """Migration: a store written before a column existed gets it, appended with its
+        default (``engine`` 'torch': every earlier cell ran on the PyTorch engine); its rows
+        and keys stay as they were, so the store opens and its cells are not run again."""
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(cells)")}
+        for name, sql, _ in COLUMNS:
+            if name not in have:
+                self.db.execute(f'ALTER TABLE cells ADD COLUMN "{name}" {sql}')
 
     def close(self) -> None:
         self.db.close()
@@ -182,6 +194,7 @@ class Store:
             raise ValueError(f"status {outcome.status!r} is not one of {STATUSES}")
         row = {
             "cell_key": cell.key(hardware.hash), "baseline_key": cell.baseline_key(hardware.hash), "suite": suite,
+            "engine": cell.engine,
             "model": cell.model, "dataset": cell.dataset, "strategy": cell.strategy, "workers": cell.workers,
             "batch_size": cell.batch_size,
             "microbatches": outcome.config.get("resolved", {}).get("microbatches", cell.microbatches), "lr": cell.lr, "repeat": cell.repeat,
@@ -210,6 +223,8 @@ class Store:
     def rows(self, cell_keys: list[str] | None = None) -> list[dict]:
         """Every row (or those of ``cell_keys``) in store order, with speedup and efficiency."""
         rows = [dict(r) for r in self.db.execute("SELECT * FROM cells ORDER BY id")]
+        for r in rows:  # a store opened read-only and not yet migrated: the PyTorch engine's cells
+            r.setdefault("engine", "torch")
         with_speedup(rows)
         if cell_keys is not None:
             wanted = set(cell_keys)
@@ -221,8 +236,8 @@ def with_speedup(rows: list[dict]) -> list[dict]:
     """Add ``speedup`` and ``efficiency`` to each row, in place; returns ``rows``.
 
     speedup = median seconds per epoch of the ``ok`` serial rows with the same baseline key
-    (same model, dataset, global batch, lr, data, threads per worker, steps or epochs, and
-    hardware), divided by the row's seconds per epoch; efficiency = speedup / workers. None
+    (same engine, model, dataset, global batch, lr, data, threads per worker, steps or epochs,
+    and hardware), divided by the row's seconds per epoch; efficiency = speedup / workers. None
     when the row did not run or no matching serial row did.
     """
     serial: dict[str, list[float]] = {}

@@ -20,11 +20,19 @@ A suite file lists the axes of the matrix and how much of each run to measure::
     seed = 0
     timeout = 600                    # seconds per cell, process start to exit
     data_dir = "/data"               # default: --data-dir, else $PARTRAIN_DATA_DIR
+    engine = ["torch", "scratch"]    # default "torch"; scratch: the NumPy engine (partrain.scratch)
 
 Every key but ``models`` is optional; a list key also takes a single value. The matrix is
 the product of models x datasets x strategies x workers x batch sizes x micro-batches x lrs
-x repeats, with one exception: micro-batches multiply pipeline strategies only (a data
+x repeats x engines, with one exception: micro-batches multiply pipeline strategies only (a data
 parallel run has no micro-batches, so it is one cell, not one per value).
+
+The scratch engine (``engine = "scratch"``, see ``partrain.scratch``) trains the mlp only, with
+its own strategies (serial, threads, ddp, hybrid, model-parallel, local-sgd); a suite may list
+both engines and the strategies of both, and a cell whose engine lacks its strategy is stored
+as skipped. For it ``workers`` counts threads for ``threads`` and processes otherwise;
+``hybrid`` runs ``threads`` threads in each process (2 when ``threads`` is 1), and the
+``threads`` setting changes nothing else (the engine's BLAS always runs on one thread).
 
 A suite is validated completely when it is read -- unknown keys, wrong types, unknown
 models, datasets and strategies are one ``PartrainError`` -- so a bad file never starts a
@@ -70,6 +78,7 @@ QUICK = {
 THESIS_MODELS = ["resnet18", "resnet50", "resnet152", "vgg11", "vgg16", "mobilenetv2"]
 THESIS_DATASETS = ["mnist", "cifar10", "imagenet", "highres"]  # the last two are generated data
 BUILTIN_SUITES = ("quick", "thesis")
+ENGINES = ("torch", "scratch")  # PyTorch's modules and strategies; partrain.scratch's NumPy engine
 
 
 @dataclass(frozen=True)
@@ -97,10 +106,13 @@ class Cell:
     eval_limit: int | None = None
     threads: int = 1
     seed: int = 0
+    engine: str = "torch"  # or "scratch": partrain.scratch's NumPy engine
 
     @property
     def label(self) -> str:
         parts = [f"{self.model}/{self.dataset}", f"{self.strategy} x{self.workers}", f"b{self.batch_size}"]
+        if self.engine != "torch":  # e.g. "scratch mlp/mnist threads x2 b64 lr0.01"
+            parts.insert(0, self.engine)
         if self.microbatches:
             parts.append(f"mb{self.microbatches}")
         parts.append(f"lr{self.lr:g}")
@@ -112,6 +124,8 @@ class Cell:
         """Everything that makes a measurement differ, without the repeat index."""
         fields = dataclasses.asdict(self)
         del fields["repeat"]
+        if fields["engine"] == "torch":  # the keys of the cells stored before engines existed stay the same
+            del fields["engine"]
         return fields
 
     def key(self, hardware_hash: str) -> str:
@@ -120,7 +134,8 @@ class Cell:
 
     def baseline_key(self, hardware_hash: str) -> str:
         """Shared by this cell and the serial runs it is compared against: the same job, minus
-        how it is parallelized (strategy, workers, micro-batches), on the same hardware."""
+        how it is parallelized (strategy, workers, micro-batches), on the same hardware and
+        engine (a scratch cell's speedup is over scratch serial, never over torch serial)."""
         fields = self.identity()
         for name in ("strategy", "workers", "microbatches"):
             del fields[name]
@@ -141,6 +156,16 @@ class Cell:
             strategy=self.strategy, workers=self.workers, microbatches=self.microbatches,
             threads=self.threads, timeout_s=min(timeout, 300.0),
         )
+
+
+def _micro_batched(engine: str, strategy: str) -> bool:
+    """Whether ``strategy`` cuts a batch into micro-batches on ``engine`` (False where the
+    engine lacks it: that cell is one, stored as skipped)."""
+    if engine == "scratch":
+        from partrain.scratch import MICRO_BATCHED
+
+        return strategy in MICRO_BATCHED
+    return strategy in SPECS and SPECS[strategy].micro_batched
 
 
 def _digest(fields: dict) -> str:
@@ -171,20 +196,22 @@ class Suite:
     seed: int = 0
     timeout: float = 600.0
     data_dir: str | None = None
+    engine: tuple[str, ...] = ("torch",)
 
     def cells(self) -> list[Cell]:
         """The matrix, in a stable order (the order the runner measures it): the whole matrix
         once, then again for each further repeat, so that a cell's repeats run minutes apart
         (different moments of a shared machine) and an interrupted suite has whole passes."""
         cells = []
-        axes = itertools.product(self.models, self.datasets, self.batch_sizes, self.lrs, self.strategies, self.workers)
-        for model, dataset, batch, lr, strategy, workers in axes:
-            for mb in (self.microbatches or (None,)) if SPECS[strategy].micro_batched else (None,):
+        axes = itertools.product(self.models, self.datasets, self.engine, self.batch_sizes, self.lrs, self.strategies,
+                                 self.workers)
+        for model, dataset, engine, batch, lr, strategy, workers in axes:
+            for mb in (self.microbatches or (None,)) if _micro_batched(engine, strategy) else (None,):
                 for repeat in range(self.repeats):
                     cells.append(Cell(
                         model, dataset, strategy, workers, batch, mb, lr, repeat,
                         self.synthetic or dataset_spec(dataset).synthetic_only, self.warmup_steps, self.steps,
-                        self.epochs, self.limit, self.eval_limit, self.threads, self.seed,
+                        self.epochs, self.limit, self.eval_limit, self.threads, self.seed, engine,
                     ))
         return sorted(cells, key=lambda c: c.repeat)  # stable: the matrix order within a pass
 
@@ -220,6 +247,7 @@ _SCHEMA: dict[str, tuple[type | tuple, bool, tuple | None]] = {
     "seed": (int, False, (lambda v: 0 <= v < 2**32, "in 0..2**32-1")),
     "timeout": ((int, float), False, (lambda v: math.isfinite(v) and v > 0, "a finite number > 0")),
     "data_dir": (str, False, None),
+    "engine": (str, True, (lambda v: v in ENGINES, f"one of {', '.join(ENGINES)}")),
 }
 
 
@@ -269,9 +297,14 @@ def _check_names(source: str, fields: dict) -> None:
             dataset_spec(dataset)
         except PartrainError as err:
             raise PartrainError(f"{source}: {err}") from None
+    known = dict.fromkeys(SPECS)
+    if "scratch" in fields.get("engine", ()):
+        from partrain.scratch import STRATEGIES as SCRATCH_STRATEGIES
+
+        known.update(dict.fromkeys(SCRATCH_STRATEGIES))
     for strategy in fields.get("strategies", ()):
-        if strategy not in SPECS:
-            raise PartrainError(f"{source}: unknown strategy {strategy!r}; choose from {', '.join(SPECS)}")
+        if strategy not in known:
+            raise PartrainError(f"{source}: unknown strategy {strategy!r}; choose from {', '.join(known)}")
     for dataset in fields.get("datasets", ("mnist",)):
         rows = min(dataset_spec(dataset).train_size, fields.get("limit") or math.inf)
         too_big = [b for b in fields.get("batch_sizes", ()) if b > rows]

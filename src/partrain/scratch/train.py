@@ -9,6 +9,7 @@ accuracy. Losses are kept per step and made the world's once, at the end.
 
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -17,6 +18,7 @@ from threadpoolctl import threadpool_limits
 
 from partrain.data import dataset_spec
 from partrain.errors import PartrainError
+from partrain.scratch import STRATEGIES
 from partrain.scratch.comm import Comm, run_workers
 from partrain.scratch.data import dataset_name, epoch_order, load_arrays
 from partrain.scratch.local import Timeline
@@ -25,7 +27,6 @@ from partrain.scratch.pipeline import Pipeline
 from partrain.scratch.strategies import DataParallel, LocalSGD
 from partrain.train import EpochResult, RunResult
 
-STRATEGIES = ("serial", "threads", "ddp", "hybrid", "model-parallel", "local-sgd")
 WARMUP_STEPS = 5  # left out of the phase means (first-touch page faults, thread start)
 
 
@@ -115,6 +116,8 @@ def run_many(cfgs: list[ScratchConfig]) -> list[ScratchResult]:
 
 def _with_ranks(results: list[ScratchResult]) -> ScratchResult:
     results[0].phases_ms_per_rank = [r.phases_ms for r in results]
+    results[0].peak_memory_per_worker = [r.peak_memory_bytes for r in results]
+    results[0].peak_memory_bytes = max(results[0].peak_memory_per_worker)
     return results[0]
 
 
@@ -189,6 +192,7 @@ def _train(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
         epochs=epochs, step_losses=[float(v) for v in losses], step_seconds=step_seconds, processes=comm.world,
         partition=_partition(stepper) if cfg.strategy == "model-parallel" else None,
         phases_ms=timeline.mean_ms(skip=min(WARMUP_STEPS, len(timeline.steps) // 4)),
+        peak_memory_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # this process's peak RSS (Linux: KiB)
     )
 
 
