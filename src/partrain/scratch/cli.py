@@ -77,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     from partrain.scratch.train import run as run_scratch
 
     result = run_scratch(config_from_args(args))
+    if result is None:  # a rank of mpirun's other than 0: rank 0 prints the run
+        return 0
     if args.json:
         print(json.dumps(result.to_dict(), default=str))
     else:

@@ -99,8 +99,9 @@ class ScratchResult(RunResult):
     phases_ms_per_rank: list = field(default_factory=list)
 
 
-def run(cfg: ScratchConfig) -> ScratchResult:
-    """Train as ``cfg`` says, in this process or in ``cfg.processes`` spawned ones."""
+def run(cfg: ScratchConfig) -> ScratchResult | None:
+    """Train as ``cfg`` says, in this process or in ``cfg.processes`` spawned ones (under
+    mpirun: in mpirun's processes; the result on rank 0, None on the others)."""
     load_arrays(cfg.dataset, "test", data_dir=cfg.data_dir, synthetic=cfg.synthetic, limit=1)  # missing data: one line, before any spawn
     return _with_ranks(run_workers(train_worker, (cfg,), cfg.processes, cfg.timeout_s))
 
@@ -111,10 +112,14 @@ def run_many(cfgs: list[ScratchConfig]) -> list[ScratchResult]:
     if len({cfg.processes for cfg in cfgs}) != 1:
         raise PartrainError("run_many: every configuration must run on the same number of processes")
     per_rank = run_workers(train_many, (cfgs,), cfgs[0].processes, max(cfg.timeout_s for cfg in cfgs))
+    if per_rank is None:  # a rank of mpirun's other than 0
+        return [None] * len(cfgs)
     return [_with_ranks([results[i] for results in per_rank]) for i in range(len(cfgs))]
 
 
-def _with_ranks(results: list[ScratchResult]) -> ScratchResult:
+def _with_ranks(results: list[ScratchResult] | None) -> ScratchResult | None:
+    if results is None:
+        return None
     results[0].phases_ms_per_rank = [r.phases_ms for r in results]
     results[0].peak_memory_per_worker = [r.peak_memory_bytes for r in results]
     results[0].peak_memory_bytes = max(results[0].peak_memory_per_worker)
@@ -188,7 +193,7 @@ def _train(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
               for e, (first, n, seconds, accuracy) in enumerate(spans)]
     return ScratchResult(
         config={**asdict(cfg), "model": "mlp", "engine": "scratch"}, world_size=comm.world * cfg.threads,
-        backend="gloo" if comm.world > 1 else "none", threads=cfg.threads, parameters=count_parameters(cfg),
+        backend=comm.backend if comm.world > 1 else "none", threads=cfg.threads, parameters=count_parameters(cfg),
         epochs=epochs, step_losses=[float(v) for v in losses], step_seconds=step_seconds, processes=comm.world,
         partition=_partition(stepper) if cfg.strategy == "model-parallel" else None,
         phases_ms=timeline.mean_ms(skip=min(WARMUP_STEPS, len(timeline.steps) // 4)),
