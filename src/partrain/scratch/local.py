@@ -8,7 +8,11 @@ vectors. Python threads run at the same time only while NumPy is inside BLAS or 
 loop, which release the GIL: the GEMMs that are most of an MLP's time do.
 
 ``Timeline`` records the seconds of each phase of each step, so a run can say where its
-time went (``compute``, ``reduce``, ``comm``, ``update``).
+time went (``compute``, ``reduce``, ``comm``, ``update``), and, with ``--events DIR``, each
+phase as a span of partrain's event log (``partrain.events``), the format ``partrain trace``
+draws: ``compute`` (and one ``thread T`` row per thread), ``reduce``, ``allreduce``,
+``average``, ``send``/``recv``, a pipeline stage's ``forward``/``backward`` per micro-batch,
+``optimizer``.
 """
 
 from __future__ import annotations
@@ -20,24 +24,31 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from partrain.events import EventLog
 from partrain.scratch.layers import SoftmaxCrossEntropy
 from partrain.scratch.net import Net
 
 
 class Timeline:
-    """Seconds per phase, per step: ``steps[i]["compute"]``."""
+    """Seconds per phase, per step: ``steps[i]["compute"]``; each phase also a span of
+    ``events`` (when it is enabled; a disabled log costs a method call per phase)."""
 
-    def __init__(self):
+    def __init__(self, events: EventLog | None = None):
         self.steps: list[dict[str, float]] = []
         self._current: dict[str, float] = defaultdict(float)
+        self.events = events or EventLog()
 
     @contextmanager
-    def phase(self, name: str):
+    def phase(self, name: str, span: str | None = None, **attrs):
+        """Time a phase ``name`` (compute, reduce, comm, update); its span is called ``span``
+        (default: ``name``), with ``attrs`` and the step's index."""
         start = time.perf_counter()  # ~50 ns; a step has a handful of phases
         try:
             yield
         finally:
-            self._current[name] += time.perf_counter() - start
+            end = time.perf_counter()
+            self._current[name] += end - start
+            self.events.record(span or name, start, end, step=len(self.steps), **attrs)
 
     def end_step(self) -> None:
         self.steps.append(dict(self._current))
@@ -48,6 +59,27 @@ class Timeline:
         steps = self.steps[skip:] or self.steps
         names = sorted({name for step in steps for name in step})
         return {name: 1e3 * sum(step.get(name, 0.0) for step in steps) / max(1, len(steps)) for name in names}
+
+
+# a span's name -> the part of a step it is (threads' own "thread T" spans lie inside "compute")
+PARTS = {"data": "data", "compute": "compute", "forward": "compute", "backward": "compute", "reduce": "reduction",
+         "allreduce": "communication", "average": "communication", "send": "communication", "recv": "communication",
+         "wait": "communication", "optimizer": "update"}
+
+
+def breakdown(events: list[dict], skip: int = 0) -> dict[int, dict[str, float]]:
+    """Mean milliseconds per step of each part (data, compute, reduction, communication,
+    update) per rank, from a run's events (``partrain.events.read_events``), leaving out
+    the first ``skip`` steps; ``step`` is the whole step, the rest is Python between phases."""
+    sums: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    steps: dict[int, set] = defaultdict(set)
+    for e in events:
+        part = "step" if e["name"] == "step" else PARTS.get(e["name"])
+        if part is None or e.get("step", 0) < skip:
+            continue
+        sums[e["rank"]][part] += e["end"] - e["start"]
+        steps[e["rank"]].add(e.get("step"))
+    return {rank: {part: 1e3 * s / max(1, len(steps[rank])) for part, s in parts.items()} for rank, parts in sorted(sums.items())}
 
 
 def loss_and_grad(net: Net, x: np.ndarray, y: np.ndarray, total: int) -> float:
@@ -86,8 +118,16 @@ class ThreadedGrad:
 
     def __call__(self, x: np.ndarray, y: np.ndarray, total: int, timeline: Timeline) -> float:
         shards = [shard(len(x), self.threads, t) for t in range(self.threads)]
+        step, events = len(timeline.steps), timeline.events
+
+        def work(t: int) -> float:
+            start = time.perf_counter()
+            loss = loss_and_grad(self.replicas[t], x[shards[t]], y[shards[t]], total)
+            events.record(f"thread {t}", start, time.perf_counter(), step=step)  # list.append: thread-safe
+            return loss
+
         with timeline.phase("compute"):  # the parallel region
-            losses = list(self.pool.map(lambda r, s: loss_and_grad(r, x[s], y[s], total), self.replicas, shards))
+            losses = list(self.pool.map(work, range(self.threads)))
         with timeline.phase("reduce"):  # (threads - 1) vector adds, each thread on its part of the vector
             self.each_part(self._reduce)
         return sum(losses)

@@ -18,6 +18,7 @@ from threadpoolctl import threadpool_limits
 
 from partrain.data import dataset_spec
 from partrain.errors import PartrainError
+from partrain.events import EventLog
 from partrain.scratch import STRATEGIES
 from partrain.scratch.comm import Comm, run_workers
 from partrain.scratch.data import dataset_name, epoch_order, load_arrays
@@ -54,6 +55,7 @@ class ScratchConfig:
     timeout_s: float = 300.0
     data_dir: str | None = None
     synthetic: bool = False
+    events: str | None = None  # a directory: every rank's spans, for ``partrain trace``
 
     def __post_init__(self):
         self.dataset = dataset_name(self.dataset)
@@ -163,7 +165,8 @@ def _train(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
     x, y = load_arrays(cfg.dataset, "train", limit=cfg.limit, **data)
     xt, yt = load_arrays(cfg.dataset, "test", limit=cfg.eval_limit, **data) if cfg.evaluate else (None, None)
     stepper = make_stepper(cfg, comm)
-    timeline, losses, step_seconds = Timeline(), [], []
+    events = EventLog(cfg.events, comm.rank)
+    timeline, losses, step_seconds = Timeline(events), [], []
     steps_per_epoch = len(x) // cfg.batch_size  # drop the last partial batch, as the PyTorch engine does
     if steps_per_epoch == 0:
         raise PartrainError(f"{len(x)} training samples make no batch of {cfg.batch_size}: lower --batch-size")
@@ -177,8 +180,11 @@ def _train(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
                 batch = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
                 mine = batch[stepper.rows(len(batch))]  # this worker's rows of the global batch
                 t = time.perf_counter()
-                losses.append(stepper.step(x[mine], y[mine], len(batch), timeline))
+                with timeline.phase("data"):  # a copy of the rows: ~batch x features x 4 bytes
+                    xb, yb = x[mine], y[mine]
+                losses.append(stepper.step(xb, yb, len(batch), timeline))
                 step_seconds.append(time.perf_counter() - t)
+                events.record("step", t, t + step_seconds[-1], step=len(timeline.steps))
                 timeline.end_step()
             stepper.end_epoch(timeline)
             seconds = time.perf_counter() - start
@@ -188,6 +194,8 @@ def _train(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
         losses = stepper.world_losses(losses)  # one message, after the last step
     finally:
         stepper.close()
+    events.write({"engine": "scratch", "scratch_config": asdict(cfg), "world_size": comm.world * cfg.threads,
+                  "processes": comm.world, "backend": comm.backend if comm.world > 1 else "none"})
     epochs = [EpochResult(e, n, float(np.mean(losses[first:first + n])) if n else float("nan"), seconds,
                           n * cfg.batch_size / seconds, None, accuracy)
               for e, (first, n, seconds, accuracy) in enumerate(spans)]
