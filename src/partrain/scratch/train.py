@@ -98,6 +98,7 @@ class ScratchResult(RunResult):
     engine: str = "scratch"
     processes: int = 1
     phases_ms: dict = field(default_factory=dict)  # rank 0's
+    cpu_ms_per_step: float | None = None  # rank 0's CPU time (all its threads) per step: the work, busy machine or not
     phases_ms_per_rank: list = field(default_factory=list)
 
 
@@ -171,6 +172,7 @@ def _train(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
     if steps_per_epoch == 0:
         raise PartrainError(f"{len(x)} training samples make no batch of {cfg.batch_size}: lower --batch-size")
     spans = []  # per epoch: (first step, steps, seconds, test accuracy)
+    cpu = 0.0  # process CPU seconds inside the steps
     try:
         for epoch in range(cfg.epochs):
             order, start, first = epoch_order(len(x), cfg.seed, epoch).numpy(), time.perf_counter(), len(losses)
@@ -179,11 +181,12 @@ def _train(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
                     break
                 batch = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
                 mine = batch[stepper.rows(len(batch))]  # this worker's rows of the global batch
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 with timeline.phase("data"):  # a copy of the rows: ~batch x features x 4 bytes
                     xb, yb = x[mine], y[mine]
                 losses.append(stepper.step(xb, yb, len(batch), timeline))
                 step_seconds.append(time.perf_counter() - t)
+                cpu += time.process_time() - c
                 events.record("step", t, t + step_seconds[-1], step=len(timeline.steps))
                 timeline.end_step()
             stepper.end_epoch(timeline)
@@ -205,6 +208,7 @@ def _train(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
         epochs=epochs, step_losses=[float(v) for v in losses], step_seconds=step_seconds, processes=comm.world,
         partition=_partition(stepper) if cfg.strategy == "model-parallel" else None,
         phases_ms=timeline.mean_ms(skip=min(WARMUP_STEPS, len(timeline.steps) // 4)),
+        cpu_ms_per_step=1e3 * cpu / max(1, len(step_seconds)),
         peak_memory_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # this process's peak RSS (Linux: KiB)
     )
 
