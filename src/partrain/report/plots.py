@@ -49,7 +49,8 @@ def engine(row: dict) -> str:
 
 def _draw(ax, lines: dict[str, list[tuple]], **style) -> None:
     for label, pts in lines.items():
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label, **style)
+        engine_style = {"marker": "s", "linestyle": "-."} if label.endswith("(scratch)") else {"marker": "o"}
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, **{**engine_style, **style})
 
 
 def _finish(fig: Figure, title: str, rows: list[dict], path: str | Path) -> Path:
