@@ -193,3 +193,17 @@ def test_a_scratch_config_round_trips_through_argparse_namespace():
     cfg = ScratchConfig(dataset="ocr", strategy="hybrid", workers=2, threads=3, dtype="float64", average_every=None)
     args = build_parser().parse_args(["train", *argv(cfg)])
     assert isinstance(args, argparse.Namespace) and config_from_args(args) == cfg
+
+
+def test_train_trace_draws_a_scratch_run_with_a_row_per_thread(tmp_path, data_dir, capsys):
+    from partrain.cli import main
+
+    out = tmp_path / "trace.json"
+    assert main(["train", "--engine", "scratch", "--strategy", "threads", "--threads", "2", "--steps", "4",
+                 "--limit", "256", "--no-eval", "--data-dir", str(data_dir), "--trace", str(out)]) == 0
+    assert "no prediction (the predictor models the PyTorch engine)" in capsys.readouterr().err
+    trace = json.loads(out.read_text())
+    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert {"step", "data", "compute", "thread 0", "thread 1", "reduce", "optimizer"} <= tracks
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert sorted({e["args"]["step"] for e in spans}) == [0, 1, 2, 3]
