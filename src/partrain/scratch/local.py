@@ -72,13 +72,14 @@ def breakdown(events: list[dict], skip: int = 0) -> dict[int, dict[str, float]]:
     update) per rank, from a run's events (``partrain.events.read_events``), leaving out
     the first ``skip`` steps; ``step`` is the whole step, the rest is Python between phases."""
     sums: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    steps: dict[int, set] = defaultdict(set)
+    steps: dict[int, set] = defaultdict(set)  # (an epoch's closing average belongs to no step: left out)
+    for e in events:
+        if e["name"] == "step" and e["step"] >= skip:
+            steps[e["rank"]].add(e["step"])
     for e in events:
         part = "step" if e["name"] == "step" else PARTS.get(e["name"])
-        if part is None or e.get("step", 0) < skip:
-            continue
-        sums[e["rank"]][part] += e["end"] - e["start"]
-        steps[e["rank"]].add(e.get("step"))
+        if part is not None and e.get("step") in steps[e["rank"]]:
+            sums[e["rank"]][part] += e["end"] - e["start"]
     return {rank: {part: 1e3 * s / max(1, len(steps[rank])) for part, s in parts.items()} for rank, parts in sorted(sums.items())}
 
 
