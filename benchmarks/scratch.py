@@ -94,16 +94,25 @@ def thread_speedup(rounds: int) -> None:
             (a @ w.T).T @ a  # fc1's forward and weight gradient for 32 rows
 
     with threadpool_limits(1, "blas"), ThreadPoolExecutor(2) as pool:
-        ratios = []
+        ratios, cores = [], []
         for _ in range(rounds):
             start = time.perf_counter()
             gemms(), gemms()
             one = time.perf_counter() - start
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             list(pool.map(lambda _: gemms(), range(2)))
-            ratios.append(one / (time.perf_counter() - start))
+            two = time.perf_counter() - start
+            ratios.append(one / two)
+            cores.append((time.process_time() - cpu) / two)  # CPU time / wall time: the cores this process got
     print(f"   fc1 GEMMs, 2 threads against 1: {statistics.median(ratios):.2f}x "
-          f"(rounds {', '.join(f'{r:.2f}' for r in ratios)}); loadavg {loadavg()}", flush=True)
+          f"(rounds {', '.join(f'{r:.2f}' for r in ratios)}); the two threads got {statistics.median(cores):.2f} cores; "
+          f"loadavg {loadavg()}", flush=True)
+    if statistics.median(cores) < 1.5:
+        # Linux's autogroup scheduling shares the CPU fairly between sessions (terminals, jobs), not
+        # threads: on a busy machine this session's threads and processes together get one share
+        print("   !! this process did not get two cores: with other work on the machine (and the kernel's "
+              "autogroup scheduling, which shares CPU between sessions, not threads) no parallel mode below "
+              "can beat serial; measure on a quiet machine", flush=True)
 
 
 def in_process(cfg: ScratchConfig):
