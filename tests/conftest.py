@@ -15,3 +15,15 @@ def data_dir() -> Path:
     if not DATA_DIR.is_dir():
         pytest.skip(f"real data not found at {DATA_DIR}")
     return DATA_DIR
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need CUDA: skipped, with the reason, where torch sees no GPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

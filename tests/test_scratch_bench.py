@@ -15,7 +15,7 @@ import pytest
 
 from partrain.bench import Store, load_suite
 from partrain.bench.runner import figures, run_cells
-from partrain.bench.store import COLUMNS, Outcome
+from partrain.bench.store import COLUMNS, RUN_COLUMNS, Outcome
 from partrain.bench.suite import Cell, suite_from_dict
 from partrain.cli import build_parser
 from partrain.errors import PartrainError
@@ -67,7 +67,8 @@ def test_a_torch_cell_keeps_the_key_it_had_before_engines():
     """Stores written before the engine key hold torch cells under these keys: they must
     still be found (not run again), and their serial baselines still match."""
     torch_cell = cell(engine="torch")
-    before = {k: v for k, v in dataclasses.asdict(torch_cell).items() if k not in ("repeat", "engine")}
+    later = ("repeat", "engine", "precision", "channels_last", "compile")  # fields the first stores did not have
+    before = {k: v for k, v in dataclasses.asdict(torch_cell).items() if k not in later}
 
     def digest(fields):
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
@@ -118,12 +119,13 @@ def test_scratch_cells_run_into_the_store_with_a_scratch_serial_baseline(tmp_pat
     assert threads["final_loss"] == pytest.approx(serial["final_loss"], abs=1e-4)  # threads reproduce serial (float32)
 
 
-def test_a_store_written_before_engines_opens_with_its_cells_as_torch(tmp_path):
+@pytest.mark.parametrize("version, lacks", [(2, ("engine",)), (1, ("engine", *RUN_COLUMNS))])
+def test_a_store_written_before_engines_opens_with_its_cells_as_torch(tmp_path, version, lacks):
     path = tmp_path / "old.sqlite"
-    old_columns = ",\n".join(f'"{n}" {sql}' for n, sql, _ in COLUMNS if n != "engine")
+    old_columns = ",\n".join(f'"{n}" {sql}' for n, sql, _ in COLUMNS if n not in lacks)
     db = sqlite3.connect(path)
     db.execute(f"CREATE TABLE cells ({old_columns})")
-    db.execute("PRAGMA user_version = 1")
+    db.execute(f"PRAGMA user_version = {version}")
     torch_cell = cell(engine="torch")
     db.execute("INSERT INTO cells (cell_key, baseline_key, model, dataset, strategy, workers, batch_size, lr, repeat, "
                "synthetic, warmup_steps, config, status, hardware_hash, seconds_per_epoch) "

@@ -103,6 +103,7 @@ def test_the_cli_runs_the_scratch_engine_and_prints_json(data_dir, capsys):
     (["--strategy", "hybrid", "--workers", "2"], "hybrid is processes x threads"),
     (["--strategy", "ddp", "--workers", "2", "--microbatches", "100"], "--microbatches must be 1 to the batch size"),
     (["--checkpoint", "x"], "--checkpoint is an option of the torch engine"),
+    (["--precision", "bf16"], "--precision is an option of the torch engine"),
 ])
 def test_bad_options_are_one_line_and_exit_status_2(data_dir, capsys, argv, message):
     code = main(["train", "--engine", "scratch", "--data-dir", str(data_dir), *argv])

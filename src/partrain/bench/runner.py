@@ -253,7 +253,15 @@ def figures(cell: Cell, result: dict) -> dict:
         "test_accuracy": accuracy,
         "final_loss": result["step_losses"][-1] if result["step_losses"] else None,
         "partition": result.get("partition"),
+        "device": run_device(result),
     }
+
+
+def run_device(result: dict) -> str:
+    """What a finished run trained on: the GPU's name when its backend was NCCL (train puts
+    every worker on a GPU then), else "cpu"."""
+    gpu = fingerprint().gpu
+    return gpu if result.get("backend") == "nccl" and gpu else "cpu"
 
 
 def _now() -> str:

@@ -20,11 +20,14 @@ A suite file lists the axes of the matrix and how much of each run to measure::
     seed = 0
     timeout = 600                    # seconds per cell, process start to exit
     data_dir = "/data"               # default: --data-dir, else $PARTRAIN_DATA_DIR
+    precisions = ["fp32", "bf16"]    # train's --precision, an axis of the matrix (default: fp32)
+    channels_last = false            # train's --channels-last, for every cell
+    compile = false                  # train's --compile, for every cell
     engine = ["torch", "scratch"]    # default "torch"; scratch: the NumPy engine (partrain.scratch)
 
 Every key but ``models`` is optional; a list key also takes a single value. The matrix is
 the product of models x datasets x strategies x workers x batch sizes x micro-batches x lrs
-x repeats x engines, with one exception: micro-batches multiply pipeline strategies only (a data
+x precisions x repeats x engines, with one exception: micro-batches multiply pipeline strategies only (a data
 parallel run has no micro-batches, so it is one cell, not one per value).
 
 The scratch engine (``engine = "scratch"``, see ``partrain.scratch``) trains the mlp only, with
@@ -52,7 +55,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from partrain.config import RunConfig
+from partrain.config import PRECISIONS, RunConfig
 from partrain.data import dataset_spec
 from partrain.errors import PartrainError
 from partrain.models import list_models
@@ -106,6 +109,9 @@ class Cell:
     eval_limit: int | None = None
     threads: int = 1
     seed: int = 0
+    precision: str = "fp32"
+    channels_last: bool = False
+    compile: bool = False
     engine: str = "torch"  # or "scratch": partrain.scratch's NumPy engine
 
     @property
@@ -116,16 +122,21 @@ class Cell:
         if self.microbatches:
             parts.append(f"mb{self.microbatches}")
         parts.append(f"lr{self.lr:g}")
+        parts += [self.precision] if self.precision != "fp32" else []
+        parts += ["channels-last"] * self.channels_last + ["compiled"] * self.compile
         if self.repeat:
             parts.append(f"#{self.repeat}")
         return " ".join(parts)
 
     def identity(self) -> dict:
-        """Everything that makes a measurement differ, without the repeat index."""
+        """Everything that makes a measurement differ, without the repeat index. The numerics
+        count only when not the default (fp32, eager, contiguous): a cell stored before they
+        existed keeps its key, and is found again instead of measured twice."""
         fields = dataclasses.asdict(self)
         del fields["repeat"]
-        if fields["engine"] == "torch":  # the keys of the cells stored before engines existed stay the same
-            del fields["engine"]
+        for name, default in _RUN_OPTION_DEFAULTS.items():
+            if fields[name] == default:
+                del fields[name]
         return fields
 
     def key(self, hardware_hash: str) -> str:
@@ -154,8 +165,13 @@ class Cell:
             epochs=self.epochs or total, steps=total, limit=self.limit, eval_limit=self.eval_limit,
             evaluate=self.steps is None, batch_size=self.batch_size, lr=self.lr, seed=self.seed,
             strategy=self.strategy, workers=self.workers, microbatches=self.microbatches,
-            threads=self.threads, timeout_s=min(timeout, 300.0),
+            threads=self.threads, timeout_s=min(timeout, 300.0), precision=self.precision,
+            channels_last=self.channels_last, compile=self.compile,
         )
+
+
+# the keys of the cells stored before these existed stay the same
+_RUN_OPTION_DEFAULTS = {"precision": "fp32", "channels_last": False, "compile": False, "engine": "torch"}
 
 
 def _micro_batched(engine: str, strategy: str) -> bool:
@@ -196,6 +212,9 @@ class Suite:
     seed: int = 0
     timeout: float = 600.0
     data_dir: str | None = None
+    precisions: tuple[str, ...] = ("fp32",)
+    channels_last: bool = False
+    compile: bool = False
     engine: tuple[str, ...] = ("torch",)
 
     def cells(self) -> list[Cell]:
@@ -203,15 +222,16 @@ class Suite:
         once, then again for each further repeat, so that a cell's repeats run minutes apart
         (different moments of a shared machine) and an interrupted suite has whole passes."""
         cells = []
-        axes = itertools.product(self.models, self.datasets, self.engine, self.batch_sizes, self.lrs, self.strategies,
-                                 self.workers)
-        for model, dataset, engine, batch, lr, strategy, workers in axes:
+        axes = itertools.product(self.models, self.datasets, self.engine, self.batch_sizes, self.lrs, self.precisions,
+                                 self.strategies, self.workers)
+        for model, dataset, engine, batch, lr, precision, strategy, workers in axes:
             for mb in (self.microbatches or (None,)) if _micro_batched(engine, strategy) else (None,):
                 for repeat in range(self.repeats):
                     cells.append(Cell(
                         model, dataset, strategy, workers, batch, mb, lr, repeat,
                         self.synthetic or dataset_spec(dataset).synthetic_only, self.warmup_steps, self.steps,
-                        self.epochs, self.limit, self.eval_limit, self.threads, self.seed, engine,
+                        self.epochs, self.limit, self.eval_limit, self.threads, self.seed, precision,
+                        self.channels_last, self.compile, engine,
                     ))
         return sorted(cells, key=lambda c: c.repeat)  # stable: the matrix order within a pass
 
@@ -247,6 +267,9 @@ _SCHEMA: dict[str, tuple[type | tuple, bool, tuple | None]] = {
     "seed": (int, False, (lambda v: 0 <= v < 2**32, "in 0..2**32-1")),
     "timeout": ((int, float), False, (lambda v: math.isfinite(v) and v > 0, "a finite number > 0")),
     "data_dir": (str, False, None),
+    "precisions": (str, True, (lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}")),
+    "channels_last": (bool, False, None),
+    "compile": (bool, False, None),
     "engine": (str, True, (lambda v: v in ENGINES, f"one of {', '.join(ENGINES)}")),
 }
 

@@ -41,6 +41,10 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--force", action="store_true", help="run cells again even when already measured on this hardware")
     p.add_argument("--list", action="store_true", help="print the suite's cells and exit; runs and stores nothing")
     p.add_argument("--quiet", action="store_true", help="no progress and no table")
+    from partrain.config import add_options
+
+    # train's own flags, for every cell: instead of the suite's precisions / channels_last / compile
+    add_options(p, ["precision", "channels_last", "compile"], precision=None)
     p.set_defaults(func=cmd_bench)
 
 
@@ -50,6 +54,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if (args.suite_file is None) == (args.suite is None):
         raise PartrainError("give a suite file or --suite quick|thesis, one of the two")
     suite = load_suite(args.suite_file) if args.suite_file else builtin_suite(args.suite, fingerprint())
+    given = {"precisions": (args.precision,) if args.precision else None,
+             "channels_last": args.channels_last or None, "compile": args.compile or None}
+    if any(v is not None for v in given.values()):
+        suite = suite.replace(**{k: v for k, v in given.items() if v is not None})
     if args.list:
         for cell in suite.cells():
             print(cell.label)

@@ -27,15 +27,24 @@ def add_validate_parser(sub) -> None:
                    help="judge the recommender: for every job measured under several plans, was its pick the measured "
                    "fastest (hit rate), how much slower if not (regret), and Kendall tau of the orderings; once as "
                    "recommend ranks (plans that train as serial does) and once as recommend --async ranks")
+    p.add_argument("--device", choices=["cpu", "cuda"],
+                   help="profile and predict on this device, held against the cells that ran on it (default: the GPU "
+                   "when there is one)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_validate)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from partrain.bench import Store
+    from partrain.predict.machine import fingerprint as machine
     from partrain.predict.plan import profile_batch_sizes
     from partrain.predict.profiles import busy_warning
-    from partrain.profile.cache import fingerprint, hardware_for, load_or_profile
+    from partrain.profile.cache import (
+        RunOptions,
+        fingerprint,
+        hardware_for,
+        load_or_profile,
+    )
     from partrain.report.plots import plot_scatter
     from partrain.report.tables import report_tables
     from partrain.validate import validate
@@ -44,15 +53,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
         rows = store.rows()
 
     def profile_for(cfg, needed):
+        run = RunOptions(args.device, cfg.precision, cfg.channels_last, cfg.compile)
         profile = load_or_profile(cfg.model, cfg.dataset, profile_batch_sizes(needed), cfg.threads or 1,
-                                  args.profile_dir, args.data_dir, cfg.synthetic, cfg.model_options)[0]
+                                  args.profile_dir, args.data_dir, cfg.synthetic, cfg.model_options, run=run)[0]
         if warning := busy_warning(profile):
             print(warning, file=sys.stderr)
         return profile, profile.profile_seconds
 
-    report = validate(rows, profile_for, lambda workers: hardware_for(workers, args.profile_dir)[0], fingerprint())
+    device = "cuda" if RunOptions(args.device).device_kind == "cuda" else "cpu"
+    device_name = machine().gpu if device == "cuda" else "cpu"
+    report = validate(rows, profile_for, lambda workers: hardware_for(workers, args.profile_dir, device=device)[0],
+                      fingerprint(), device_name)
+    if report.mismatched:
+        print(f"skipped {report.mismatched} cells for mismatch: they ran on another device than {device_name}, or with "
+              "other numerics than their profile", file=sys.stderr)
     if not report.cases:
-        raise PartrainError("no successful cells measured on this machine in the store: run `partrain bench` first")
+        raise PartrainError(f"no successful cells measured on this machine ({device_name}) in the store: run `partrain "
+                            "bench` first" + (", or validate with --device for the cells that ran elsewhere"
+                                              if report.mismatched else ""))
     if args.recommendations:
         return _report_recommendations(report, args.json)
     png = plot_scatter(report, args.plot)

@@ -85,7 +85,7 @@ def optimizer_kind(optimizer: str, momentum: float) -> str:
 def serial_step(profile: ModelProfile, b: float, kind: str) -> float:
     """A serial step (``train.py``): load the batch, forward and backward every block and the
     loss, one ``kind`` optimizer step: the sum of their measured times, and the loop's own."""
-    return parts_step(profile, b, kind) + loop_time(profile)
+    return parts_step(profile, b, kind) + loop_time(profile, b)
 
 
 def parts_step(profile: ModelProfile, b: float, kind: str) -> float:
@@ -95,11 +95,19 @@ def parts_step(profile: ModelProfile, b: float, kind: str) -> float:
     return at(profile, profile.data_s, b) + sum(fwd) + sum(bwd) + loss_time(profile, b) + profile.optimizer_s[kind]
 
 
-def loop_time(profile: ModelProfile) -> float:
+def loop_time(profile: ModelProfile, b: float | None = None) -> float:
     """What the training loop itself adds to every step beyond its measured parts (zeroing
     gradients, the step's Python, returning the loss): partrain's serial loop timed by the
     profile on a world of one (SGD with momentum, its default), less the sum of the parts at
-    that batch size. 0 when not measured."""
+    that batch size. 0 when not measured.
+
+    On a GPU the loop was timed at every profiled batch size (``ModelProfile.loop_s``) and the
+    difference is interpolated at ``b``; it may be negative there: separately synchronised
+    blocks each pay a launch latency that the loop overlaps, and the loop's data path (data
+    kept on the device) is cheaper than the profile's host batch copied over. A serial step
+    is then the measured loop itself, interpolated."""
+    if profile.loop_s and b is not None:
+        return at(profile, profile.loop_s, b) - parts_step(profile, b, "sgd-momentum")
     ran = profile.world_of_one_s.get("serial")
     if ran is None:
         return 0.0

@@ -182,6 +182,26 @@ class ModelProfile(JsonProfile):
     options: dict = field(default_factory=dict)
     world_of_one_s: dict[str, float] = field(default_factory=dict)  # step of partrain's training loop, per strategy
     world_of_one_batch: int = 0  # the batch size world_of_one_s ran at
+    # what the profile ran on and with (profile.numerics): a prediction is made only from a
+    # profile at the precision and options the plan runs with, on the device it runs on
+    device: str = "cpu"  # "cpu", or the GPU's name (torch.cuda.get_device_name)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast)
+    channels_last: bool = False
+    compile: bool = False
+    # on a GPU the memory figures above are the CUDA caching allocator's (allocated bytes, what
+    # train reports as its peak); these are its reserved peaks, one per batch size
+    train_peak_reserved_bytes: list[int] = field(default_factory=list)
+    # on a GPU: partrain's serial training loop, seconds per step at each batch size as train
+    # reports it (the median after warm-up), run for the allocator peaks anyway; empty on CPU
+    loop_s: list[float] = field(default_factory=list)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device != "cpu"
+
+    def run_options(self) -> dict:
+        """The options a plan must run with to be predicted from this profile."""
+        return {"precision": self.precision, "channels_last": self.channels_last, "compile": self.compile}
 
     def overhead_s(self, strategy: str) -> float:
         """What ``strategy``'s machinery adds to a step on a world of one, over the serial

@@ -31,6 +31,9 @@ def scratch_config(cell, data_dir: str | None, timeout: float) -> ScratchConfig:
     """
     if cell.model != "mlp":
         raise PartrainError(f"the scratch engine builds the mlp only, not {cell.model!r}")
+    if (cell.precision, cell.channels_last, cell.compile) != ("fp32", False, False):
+        raise PartrainError("the scratch engine runs NumPy in float32 (or float64), eagerly: precision, "
+                            "channels_last and compile are the torch engine's")
     total = None if cell.steps is None else cell.warmup_steps + cell.steps
     workers, threads = cell.workers, 1
     if cell.strategy == "threads":

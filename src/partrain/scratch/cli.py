@@ -15,7 +15,8 @@ from partrain.errors import PartrainError
 
 # train options the scratch engine does not have, with their "not given" value
 _TORCH_ONLY = {"pp": None, "dp": None, "schedule": None, "recompute": False, "split_points": None,
-               "checkpoint": None, "resume": None, "save_model": None, "stages_per_worker": 1}
+               "checkpoint": None, "resume": None, "save_model": None, "stages_per_worker": 1,
+               "precision": "fp32", "channels_last": False, "compile": False}  # --dtype is the scratch engine's numerics
 
 
 def add_engine_option(p: argparse.ArgumentParser) -> None:
