@@ -40,8 +40,8 @@ def scratch_config(cell, data_dir: str | None, timeout: float) -> ScratchConfig:
         workers, threads = 1, cell.workers
     elif cell.strategy == "hybrid":
         threads = cell.threads if cell.threads > 1 else HYBRID_THREADS
-    return ScratchConfig(
-        dataset=cell.dataset, epochs=cell.epochs or total, steps=total, limit=cell.limit, eval_limit=cell.eval_limit,
+    return ScratchConfig(  # relu on every dataset: the zoo's mlp, which the job's torch cells train
+        dataset=cell.dataset, activation="relu", epochs=cell.epochs or total, steps=total, limit=cell.limit, eval_limit=cell.eval_limit,
         evaluate=cell.steps is None, batch_size=cell.batch_size, lr=cell.lr, seed=cell.seed, strategy=cell.strategy,
         workers=workers, threads=threads, microbatches=cell.microbatches, timeout_s=min(timeout, 300.0),
         data_dir=data_dir, synthetic=cell.synthetic,
@@ -56,6 +56,8 @@ def argv(cfg: ScratchConfig) -> list[str]:
     if cfg.strategy == "threads":  # the thread count is given as --threads (--workers would be 1 here)
         values["workers"] = None
     out = ["--engine", "scratch", *to_argv(values)]  # to_argv writes the train options; --dtype is the engine's
+    if cfg.activation != ScratchConfig(dataset=cfg.dataset).activation:  # the dataset's default: sigmoid on the letters
+        out += ["--activation", cfg.activation]
     return out + (["--dtype", cfg.dtype] if cfg.dtype != "float32" else [])
 
 
