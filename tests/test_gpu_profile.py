@@ -276,7 +276,7 @@ def test_a_suite_runs_each_cell_at_every_precision_asked_and_old_cells_keep_thei
     assert cells[0].key("h") != cells[1].key("h") and cells[0].baseline_key("h") != cells[1].baseline_key("h")
     plain = Cell("mlp", "mnist", "serial", 1, 64, None, 0.01)
     before = {k: v for k, v in dataclasses.asdict(plain).items() if k not in ("repeat", "precision", "channels_last",
-                                                                              "compile", "nodes", "workers_per_node",
+                                                                              "compile", "engine", "nodes", "workers_per_node",
                                                                               "link_mbit")}
     assert plain.key("h") == _digest({**before, "repeat": 0, "hardware": "h"})  # as stored before: found again
     with pytest.raises(PartrainError, match="precisions"):

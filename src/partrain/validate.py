@@ -238,6 +238,10 @@ def validate(rows: list[dict], profile_for, hardware_for, fingerprint: str, devi
     profiles: dict[tuple, ModelProfile] = {}
     hardware: dict[int, HardwareProfile] = {}
     here = measured_rows(rows, fingerprint)
+    scratch = [r for r in here if r.get("engine") == "scratch"]
+    if scratch:  # the profiles and cost models are of PyTorch's modules and collectives, not of NumPy's
+        skipped.append(f"{len(scratch)} cells of the scratch engine: the predictor models the PyTorch engine, not validated")
+        here = [r for r in here if r.get("engine") != "scratch"]
     same = [r for r in here if run_mismatch(r, device) is None]
     mismatched = len(here) - len(same)
     configs = [(group, row_config(group[0])) for group in repeat_groups(same)]

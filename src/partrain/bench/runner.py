@@ -104,6 +104,8 @@ def run_cells(cells: list[Cell], store: Store, *, suite_name: str, data_dir: str
 def measure(cell: Cell, data_dir: str | None, timeout: float, tick: Callable[[], None] = lambda: None) -> Outcome:
     """Check the cell, run it in fresh processes, and turn what it reported into figures."""
     started = _now()
+    if cell.engine == "scratch":
+        return measure_scratch(cell, data_dir, timeout, tick)
     try:
         cfg = check_cell(cell, data_dir, timeout)
     except PartrainError as err:
@@ -125,6 +127,26 @@ def measure(cell: Cell, data_dir: str | None, timeout: float, tick: Callable[[],
     if result is not None:
         outcome.figures = figures(cell, result)
         resolved["split_points"] = result.get("split_points")  # the cut the run chose, for validate
+    return outcome
+
+
+def measure_scratch(cell: Cell, data_dir: str | None, timeout: float, tick: Callable[[], None]) -> Outcome:
+    """``measure`` for a cell of the scratch engine: the same process, timeout and figures."""
+    from partrain.scratch.bench import argv, scratch_config, stored_config
+
+    started = _now()
+    try:
+        cfg = scratch_config(cell, data_dir, timeout)
+    except PartrainError as err:
+        return Outcome("skipped", str(err), started_at=started, finished_at=_now())
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    t0 = time.perf_counter()
+    status, reason, result = run_process([*python_command(), "-m", "partrain", "train", *argv(cfg), "--json", "--quiet"],
+                                         timeout, tick)
+    outcome = Outcome(status, reason, config=stored_config(cfg), started_at=started, finished_at=_now(),
+                      wall_seconds=time.perf_counter() - t0, load_average=load)
+    if result is not None:
+        outcome.figures = figures(cell, result)
     return outcome
 
 

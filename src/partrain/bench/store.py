@@ -51,6 +51,8 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("cell_key", "TEXT NOT NULL UNIQUE", "hash of the normalized cell, the hardware hash and the repeat"),
     ("baseline_key", "TEXT NOT NULL", "shared with the serial cells this cell's speedup is measured against"),
     ("suite", "TEXT", "the suite or scaling study that ran the cell"),
+    ("engine", "TEXT NOT NULL DEFAULT 'torch'", "torch: PyTorch's modules and strategies; scratch: the NumPy engine "
+     "(partrain.scratch); a cell's speedup is against the serial run of its own engine"),
     ("model", "TEXT NOT NULL", ""),
     ("dataset", "TEXT NOT NULL", ""),
     ("strategy", "TEXT NOT NULL", ""),
@@ -176,17 +178,16 @@ class Store:
         with self.db:
             columns = ",\n  ".join(f'"{name}" {sql}' for name, sql, _ in COLUMNS)
             self.db.execute(f"CREATE TABLE IF NOT EXISTS cells (\n  {columns}\n)")
+            self._add_missing_columns()
             if self.legacy:
                 self._migrate()
-            self._add_missing_columns()
             self.db.execute("CREATE INDEX IF NOT EXISTS cells_by_config ON cells(model, dataset, strategy, workers, batch_size)")
             self.db.execute("CREATE INDEX IF NOT EXISTS cells_by_baseline ON cells(baseline_key)")
             self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _migrate(self) -> None:
-        """Schema 1 -> 2, inside ``_prepare``'s transaction: add the run columns, then fill
-        them in for the rows already there."""
-        self._add_missing_columns()
+        """Schema 1 -> 2, inside ``_prepare``'s transaction, once ``_add_missing_columns`` has
+        added the run columns: fill them in for the rows already there."""
         for row in self.db.execute("SELECT id, gpu, config FROM cells").fetchall():
             values = legacy_run_columns(dict(row))
             self.db.execute("UPDATE cells SET device = ?, precision = ?, channels_last = ?, compile = ? WHERE id = ?",
@@ -196,8 +197,9 @@ class Store:
     def _add_missing_columns(self) -> None:
         """A store written before a column existed gets it, empty (NULL) in its old rows, so
         that it keeps opening and its cells keep counting as measured (the link columns of
-        cells across emulated nodes came within schema 2). Only nullable columns can be added
-        this way (SQLite's ADD COLUMN), which every later column is."""
+        cells across emulated nodes came within schema 2), or at its default (``engine``:
+        'torch' is right for every earlier cell). Only a column that is nullable or has a
+        default can be added this way (SQLite's ADD COLUMN), which every later column is."""
         have = {row[1] for row in self.db.execute("PRAGMA table_info(cells)")}
         for name, sql, _ in COLUMNS:
             if name not in have:
@@ -223,6 +225,7 @@ class Store:
             raise ValueError(f"status {outcome.status!r} is not one of {STATUSES}")
         row = {
             "cell_key": cell.key(hardware.hash), "baseline_key": cell.baseline_key(hardware.hash), "suite": suite,
+            "engine": cell.engine,
             "model": cell.model, "dataset": cell.dataset, "strategy": cell.strategy, "workers": cell.workers,
             "batch_size": cell.batch_size,
             "microbatches": outcome.config.get("resolved", {}).get("microbatches", cell.microbatches), "lr": cell.lr, "repeat": cell.repeat,
@@ -255,6 +258,8 @@ class Store:
         rows = [dict(r) for r in self.db.execute("SELECT * FROM cells ORDER BY id")]
         if self.legacy:  # a schema-1 store opened only to read: what its rows ran with, as migration would say
             rows = [{**row, **legacy_run_columns(row)} for row in rows]
+        for r in rows:  # a store opened only to read, from before engines: the PyTorch engine's cells
+            r.setdefault("engine", "torch")
         with_speedup(rows)
         if cell_keys is not None:
             wanted = set(cell_keys)
@@ -278,8 +283,8 @@ def with_speedup(rows: list[dict]) -> list[dict]:
     """Add ``speedup`` and ``efficiency`` to each row, in place; returns ``rows``.
 
     speedup = median seconds per epoch of the ``ok`` serial rows with the same baseline key
-    (same model, dataset, global batch, lr, data, threads per worker, steps or epochs, and
-    hardware), divided by the row's seconds per epoch; efficiency = speedup / workers. None
+    (same engine, model, dataset, global batch, lr, data, threads per worker, steps or epochs,
+    and hardware), divided by the row's seconds per epoch; efficiency = speedup / workers. None
     when the row did not run or no matching serial row did.
     """
     serial: dict[str, list[float]] = {}

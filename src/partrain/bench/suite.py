@@ -23,6 +23,7 @@ A suite file lists the axes of the matrix and how much of each run to measure::
     precisions = ["fp32", "bf16"]    # train's --precision, an axis of the matrix (default: fp32)
     channels_last = false            # train's --channels-last, for every cell
     compile = false                  # train's --compile, for every cell
+    engine = ["torch", "scratch"]    # default "torch"; scratch: the NumPy engine (partrain.scratch)
 
     # across emulated nodes (issue 18; needs root: partrain.testing.netns), instead of workers:
     nodes = [2, 4]                   # network namespaces joined by a shaped link ...
@@ -33,13 +34,20 @@ A suite file lists the axes of the matrix and how much of each run to measure::
 
 Every key but ``models`` is optional; a list key also takes a single value. The matrix is
 the product of models x datasets x strategies x workers x batch sizes x micro-batches x lrs
-x precisions x repeats, with one exception: micro-batches multiply pipeline strategies only (a data
+x precisions x repeats x engines, with one exception: micro-batches multiply pipeline strategies only (a data
 parallel run has no micro-batches, so it is one cell, not one per value).
 
 With ``nodes`` (or ``placements``) the workers axis is the placements x link rates: each
 strategy runs under torchrun across that many emulated nodes joined by a link of that rate
 (``bench.nodes``), except serial, which has one worker and so no link: it runs once, here,
 as the baseline. ``workers`` and ``nodes`` are not given together.
+
+The scratch engine (``engine = "scratch"``, see ``partrain.scratch``) trains the mlp only, with
+its own strategies (serial, threads, ddp, hybrid, model-parallel, local-sgd); a suite may list
+both engines and the strategies of both, and a cell whose engine lacks its strategy is stored
+as skipped. For it ``workers`` counts threads for ``threads`` and processes otherwise;
+``hybrid`` runs ``threads`` threads in each process (2 when ``threads`` is 1), and the
+``threads`` setting changes nothing else (the engine's BLAS always runs on one thread).
 
 A suite is validated completely when it is read -- unknown keys, wrong types, unknown
 models, datasets and strategies are one ``PartrainError`` -- so a bad file never starts a
@@ -86,6 +94,7 @@ QUICK = {
 THESIS_MODELS = ["resnet18", "resnet50", "resnet152", "vgg11", "vgg16", "mobilenetv2"]
 THESIS_DATASETS = ["mnist", "cifar10", "imagenet", "highres"]  # the last two are generated data
 BUILTIN_SUITES = ("quick", "thesis")
+ENGINES = ("torch", "scratch")  # PyTorch's modules and strategies; partrain.scratch's NumPy engine
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,7 @@ class Cell:
     precision: str = "fp32"
     channels_last: bool = False
     compile: bool = False
+    engine: str = "torch"  # or "scratch": partrain.scratch's NumPy engine
     # across emulated nodes (None: on this machine); workers = nodes x workers_per_node
     nodes: int | None = None
     workers_per_node: int | None = None
@@ -124,6 +134,8 @@ class Cell:
     @property
     def label(self) -> str:
         parts = [f"{self.model}/{self.dataset}", f"{self.strategy} x{self.workers}", f"b{self.batch_size}"]
+        if self.engine != "torch":  # e.g. "scratch mlp/mnist threads x2 b64 lr0.01"
+            parts.insert(0, self.engine)
         if self.microbatches:
             parts.append(f"mb{self.microbatches}")
         parts.append(f"lr{self.lr:g}")
@@ -163,7 +175,8 @@ class Cell:
 
     def baseline_key(self, hardware_hash: str) -> str:
         """Shared by this cell and the serial runs it is compared against: the same job, minus
-        how it is parallelized (strategy, workers, micro-batches), on the same hardware."""
+        how it is parallelized (strategy, workers, micro-batches), on the same hardware and
+        engine (a scratch cell's speedup is over scratch serial, never over torch serial)."""
         fields = self.identity()
         for name in ("strategy", "workers", "microbatches", *_NODE_FIELDS):
             fields.pop(name, None)  # across nodes too: the serial baseline ran here, on one worker
@@ -187,8 +200,19 @@ class Cell:
         )
 
 
-_RUN_OPTION_DEFAULTS = {"precision": "fp32", "channels_last": False, "compile": False}
+# the keys of the cells stored before these existed stay the same
+_RUN_OPTION_DEFAULTS = {"precision": "fp32", "channels_last": False, "compile": False, "engine": "torch"}
 _NODE_FIELDS = ("nodes", "workers_per_node", "link_mbit")
+
+
+def _micro_batched(engine: str, strategy: str) -> bool:
+    """Whether ``strategy`` cuts a batch into micro-batches on ``engine`` (False where the
+    engine lacks it: that cell is one, stored as skipped)."""
+    if engine == "scratch":
+        from partrain.scratch import MICRO_BATCHED
+
+        return strategy in MICRO_BATCHED
+    return strategy in SPECS and SPECS[strategy].micro_batched
 
 
 def _digest(fields: dict) -> str:
@@ -222,6 +246,7 @@ class Suite:
     precisions: tuple[str, ...] = ("fp32",)
     channels_last: bool = False
     compile: bool = False
+    engine: tuple[str, ...] = ("torch",)
     nodes: tuple[int, ...] = ()  # emulated nodes; empty: every cell on this machine
     workers_per_node: tuple[int, ...] = ()  # empty: 1
     placements: tuple[str, ...] = ()  # "NxW" pairs, instead of nodes x workers_per_node
@@ -247,16 +272,17 @@ class Suite:
         once, then again for each further repeat, so that a cell's repeats run minutes apart
         (different moments of a shared machine) and an interrupted suite has whole passes."""
         cells = []
-        axes = itertools.product(self.models, self.datasets, self.batch_sizes, self.lrs, self.precisions, self.strategies)
-        for model, dataset, batch, lr, precision, strategy in axes:
+        axes = itertools.product(self.models, self.datasets, self.engine, self.batch_sizes, self.lrs, self.precisions,
+                                 self.strategies)
+        for model, dataset, engine, batch, lr, precision, strategy in axes:
             for workers, nodes, per_node, link in self._where(strategy):
-                for mb in (self.microbatches or (None,)) if SPECS[strategy].micro_batched else (None,):
+                for mb in (self.microbatches or (None,)) if _micro_batched(engine, strategy) else (None,):
                     for repeat in range(self.repeats):
                         cells.append(Cell(
                             model, dataset, strategy, workers, batch, mb, lr, repeat,
                             self.synthetic or dataset_spec(dataset).synthetic_only, self.warmup_steps, self.steps,
                             self.epochs, self.limit, self.eval_limit, self.threads, self.seed, precision,
-                            self.channels_last, self.compile, nodes, per_node, link,
+                            self.channels_last, self.compile, engine, nodes, per_node, link,
                         ))
         return sorted(cells, key=lambda c: c.repeat)  # stable: the matrix order within a pass
 
@@ -305,6 +331,7 @@ _SCHEMA: dict[str, tuple[type | tuple, bool, tuple | None]] = {
                                "NODESxWORKERS with 2..64 nodes, e.g. \"2x1\"")),
     "link_mbit": ((int, float), True, (lambda v: math.isfinite(v) and v > 0, "a finite number > 0")),
     "profile_max_mb": ((int, float), False, (lambda v: math.isfinite(v) and 0 < v <= 1024, "in (0, 1024]")),
+    "engine": (str, True, (lambda v: v in ENGINES, f"one of {', '.join(ENGINES)}")),
 }
 
 
@@ -372,9 +399,14 @@ def _check_names(source: str, fields: dict) -> None:
             dataset_spec(dataset)
         except PartrainError as err:
             raise PartrainError(f"{source}: {err}") from None
+    known = dict.fromkeys(SPECS)
+    if "scratch" in fields.get("engine", ()):
+        from partrain.scratch import STRATEGIES as SCRATCH_STRATEGIES
+
+        known.update(dict.fromkeys(SCRATCH_STRATEGIES))
     for strategy in fields.get("strategies", ()):
-        if strategy not in SPECS:
-            raise PartrainError(f"{source}: unknown strategy {strategy!r}; choose from {', '.join(SPECS)}")
+        if strategy not in known:
+            raise PartrainError(f"{source}: unknown strategy {strategy!r}; choose from {', '.join(known)}")
     for dataset in fields.get("datasets", ("mnist",)):
         rows = min(dataset_spec(dataset).train_size, fields.get("limit") or math.inf)
         too_big = [b for b in fields.get("batch_sizes", ()) if b > rows]

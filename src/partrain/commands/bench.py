@@ -120,6 +120,8 @@ def add_scale_parser(sub) -> None:
                    "weak: the batch per worker (default: 16..512 for the sweep, else 64)")
     p.add_argument("--lr", type=float_list, help="lr: the values swept (default: 0.001,0.01,0.1,0.5), else one (0.01)")
     p.add_argument("--microbatches", type=int, help="pipelines: micro-batches per batch (default: 2 x stages)")
+    p.add_argument("--engine", type=str_list, help="comma-separated: torch (default), scratch (the NumPy engine, "
+                   "its own serial baseline), or torch,scratch for both engines' curves on one plot")
     p.add_argument("--epochs", type=int, help="train whole epochs (the sweeps' default: 1)")
     p.add_argument("--steps", type=int, help="measured steps after warm-up, epoch extrapolated (scaling default: 20)")
     p.add_argument("--warmup-steps", type=int, help="steps left out of the step-time statistics (default: 5)")
@@ -146,7 +148,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
         "batch_sizes": args.batch_size, "lrs": args.lr, "microbatches": args.microbatches, "epochs": args.epochs,
         "steps": args.steps, "warmup_steps": args.warmup_steps, "limit": args.limit, "eval_limit": args.eval_limit,
         "synthetic": args.synthetic, "threads": args.threads, "repeats": args.repeats, "timeout": args.timeout,
-        "data_dir": args.data_dir,
+        "data_dir": args.data_dir, "engine": args.engine,
     }
     suite = study_suite(args.kind, options)
     with Store(args.store) as store:

@@ -115,6 +115,9 @@ def add_prediction(timeline, cluster: str | None, profile_dir: str | None) -> No
     from partrain.profile.cache import RunOptions, hardware_for, load_or_profile
     from partrain.report.trace import add_predicted, run_plan
 
+    if timeline.meta.get("engine") == "scratch":
+        timeline.notes.append("a run of the scratch engine: no prediction (the predictor models the PyTorch engine)")
+        return
     plan, cfg = run_plan(timeline.meta)
     if plan is None:
         timeline.notes.append("the run recorded no configuration (events from an older partrain): no prediction")
