@@ -1,21 +1,27 @@
 """The scratch engine: speedup of each hand-written parallel mode over scratch serial, where
 the time goes, the scratch engine against the PyTorch engine, and accuracy.
 
-    python benchmarks/scratch.py [--steps 300] [--rounds 3] [--data-dir ../shared/data] [--no-accuracy]
+    python benchmarks/scratch.py [--samples 19200] [--batch-sizes 64,256,1024] [--rounds 3]
+                                 [--data-dir ../shared/data] [--no-accuracy]
 
 0. Do Python threads run NumPy at the same time? Whether a GEMM releases the GIL (the main
    thread counts while another multiplies; a GIL-holding C call as the control), and the
    same GEMMs done twice in one thread against once in each of two threads.
-1. Speedup over scratch serial (MNIST MLP 784-256-128-10, batch 64, float32, BLAS on one
-   thread everywhere): threads 2, ddp 2, hybrid 2x2, model-parallel 2 (4 micro-batches),
-   local SGD 2 (weights averaged every 8 steps). Each round runs every mode once, serial
-   first (A B C ... A B C ...), over ``--rounds``; a figure is the median over rounds of each
-   run's mean step time after warm-up (the mean, not the median: local SGD's averaging
-   steps are 1 in 8, and a median would leave them out). The 2-process modes share one group of processes
-   a round (``run_many``), so no process start is inside a step.
-2. Where the time goes: mean ms per step of each phase (compute, reduce, comm, update),
-   per rank, from the timeline every step records, of the last round; ``comm`` includes
-   waiting for the peer. Then the messages alone: the allreduce and a send/recv round trip.
+1. Speedup over scratch serial (MNIST MLP 784-256-128-10, float32, BLAS on one thread
+   everywhere) at each batch size: threads 2, ddp 2, hybrid 2x2, model-parallel 2 (4
+   micro-batches), local SGD 2 (weights averaged every 8 steps). Each round runs every mode
+   once at every batch size, serial first; a figure is the median over rounds of each run's
+   mean step time after warm-up (the mean, not the median: local SGD's averaging steps are
+   1 in 8, and a median would leave them out). The 2-process modes share one group of
+   processes a round (``run_many``), so no process start is inside a step. Then the speedup
+   table against the batch size, and the CPU time per step of serial and threads: the work
+   each does, which a busy machine does not change much (a second thread that finds no
+   free core shows as wall time, not CPU time).
+2. Where the time goes: mean ms per step of compute, reduction (threads' and micro-batches'
+   gradients summed), communication (allreduce, averaging, send/recv; waiting for the peer
+   included), update, data, and the Python between them, per rank, from the events each run
+   of the last round recorded (``--events``, the format of ``partrain trace``). Then the
+   messages alone: the allreduce and a send/recv round trip.
 3. Epoch time, scratch serial against ``partrain train --model mlp`` (hidden 256,128, the
    zoo's default) serial with 1 thread: one epoch each, alternating, ``--rounds`` times.
 4. Accuracy: MNIST MLP 5 epochs (goal >= 97%); OCR letters, Linear+Sigmoid 128-128-10,
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import tempfile
 import time
 
 from partrain.config import RunConfig
@@ -87,16 +94,25 @@ def thread_speedup(rounds: int) -> None:
             (a @ w.T).T @ a  # fc1's forward and weight gradient for 32 rows
 
     with threadpool_limits(1, "blas"), ThreadPoolExecutor(2) as pool:
-        ratios = []
+        ratios, cores = [], []
         for _ in range(rounds):
             start = time.perf_counter()
             gemms(), gemms()
             one = time.perf_counter() - start
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             list(pool.map(lambda _: gemms(), range(2)))
-            ratios.append(one / (time.perf_counter() - start))
+            two = time.perf_counter() - start
+            ratios.append(one / two)
+            cores.append((time.process_time() - cpu) / two)  # CPU time / wall time: the cores this process got
     print(f"   fc1 GEMMs, 2 threads against 1: {statistics.median(ratios):.2f}x "
-          f"(rounds {', '.join(f'{r:.2f}' for r in ratios)}); loadavg {loadavg()}", flush=True)
+          f"(rounds {', '.join(f'{r:.2f}' for r in ratios)}); the two threads got {statistics.median(cores):.2f} cores; "
+          f"loadavg {loadavg()}", flush=True)
+    if statistics.median(cores) < 1.5:
+        # Linux's autogroup scheduling shares the CPU fairly between sessions (terminals, jobs), not
+        # threads: on a busy machine this session's threads and processes together get one share
+        print("   !! this process did not get two cores: with other work on the machine (and the kernel's "
+              "autogroup scheduling, which shares CPU between sessions, not threads) no parallel mode below "
+              "can beat serial; measure on a quiet machine", flush=True)
 
 
 def in_process(cfg: ScratchConfig):
@@ -106,33 +122,60 @@ def in_process(cfg: ScratchConfig):
     return result, (time.process_time() - cpu) / (time.perf_counter() - wall)
 
 
-def speedups(data_dir: str, steps: int, rounds: int) -> None:
-    base = dict(dataset="mnist", steps=steps, evaluate=False, data_dir=data_dir)
-    samples, cpu, last = {}, {}, {}
+def speedups(data_dir: str, samples: int, rounds: int, batches: list[int], events_root: str) -> dict:
+    """Every mode at every batch size, ``rounds`` times; returns the last round's event
+    directories by (mode, batch). A run trains ``samples`` samples (at least 50 steps)."""
+    samples_ms, cpu, events = {}, {}, {}
     for r in range(rounds):
-        for name, changes in {"serial": {}, "threads 2": dict(strategy="threads", threads=2)}.items():
-            result, cpu[name] = in_process(ScratchConfig(**base, **changes))
-            samples.setdefault(name, []).append(mean_ms(result.step_seconds))
-            last[name] = result
-        results = run_many([ScratchConfig(**base, **changes) for changes in PARALLEL.values()])
-        for name, result in zip(PARALLEL, results):
-            samples.setdefault(name, []).append(mean_ms(result.step_seconds))
-            last[name] = result
-        print(f"   round {r + 1}: " + ", ".join(f"{n} {s[-1]:.2f}" for n, s in samples.items()) + f" ms/step; "
-              f"loadavg {loadavg()}", flush=True)
-    serial = statistics.median(samples["serial"])
-    print(f"\n   {'mode':<20} {'ms/step':>8} {'spread':>14} {'speedup':>8} {'samples/s':>10}")
-    for name, ms in samples.items():
-        med = statistics.median(ms)
-        print(f"   {name:<20} {med:>8.2f} {min(ms):>6.2f}-{max(ms):<7.2f} {serial / med:>7.2f}x {64e3 / med:>10,.0f}")
-    print(f"   CPU time / wall time in this process: serial {cpu['serial']:.2f}, threads 2 {cpu['threads 2']:.2f} "
-          "(2.0 would be both cores busy)")
+        for batch in batches:
+            base = dict(dataset="mnist", steps=max(50, samples // batch), batch_size=batch, evaluate=False, data_dir=data_dir)
+            for name, changes in {"serial": {}, "threads 2": dict(strategy="threads", threads=2)}.items():
+                events[name, batch] = f"{events_root}/{name.replace(' ', '-')}-b{batch}"
+                result, _ = in_process(ScratchConfig(**base, **changes, events=events[name, batch]))
+                samples_ms.setdefault((name, batch), []).append(mean_ms(result.step_seconds))
+                cpu.setdefault((name, batch), []).append(result.cpu_ms_per_step)
+        cfgs = []
+        for batch in batches:
+            base = dict(dataset="mnist", steps=max(50, samples // batch), batch_size=batch, evaluate=False, data_dir=data_dir)
+            for name, changes in PARALLEL.items():
+                events[name, batch] = f"{events_root}/{name.split()[0]}-b{batch}"
+                cfgs.append(((name, batch), ScratchConfig(**base, **changes, events=events[name, batch])))
+        for key, result in zip([k for k, _ in cfgs], run_many([cfg for _, cfg in cfgs])):  # one group of processes
+            samples_ms.setdefault(key, []).append(mean_ms(result.step_seconds))
+        print(f"   round {r + 1}/{rounds} done; loadavg {loadavg()}", flush=True)
+    modes = ["serial", "threads 2", *PARALLEL]
+    for batch in batches:
+        serial = statistics.median(samples_ms["serial", batch])
+        print(f"\n   batch {batch}: {'mode':<20} {'ms/step':>8} {'spread':>15} {'speedup':>8} {'samples/s':>10}")
+        for name in modes:
+            ms = samples_ms[name, batch]
+            med = statistics.median(ms)
+            print(f"   {'':<9}{name:<20} {med:>8.2f} {min(ms):>7.2f}-{max(ms):<7.2f} {serial / med:>7.2f}x {batch * 1e3 / med:>10,.0f}")
+    print(f"\n   speedup over scratch serial (median of {rounds} rounds) against the batch size:")
+    print(f"   {'mode':<20}" + "".join(f"{f'b{b}':>8}" for b in batches))
+    for name in modes:
+        print(f"   {name:<20}" + "".join(f"{statistics.median(samples_ms['serial', b]) / statistics.median(samples_ms[name, b]):>7.2f}x"
+                                       for b in batches))
+    print("\n   CPU ms per step in the process (all its threads), the work whether or not a core was free:")
+    for batch in batches:
+        s, t = statistics.median(cpu["serial", batch]), statistics.median(cpu["threads 2", batch])
+        print(f"   b{batch:<6} serial {s:7.2f}, threads 2 {t:7.2f} ({t / s:.2f}x the work; on 2 free cores at best "
+              f"{2 * s / t:.2f}x)")
+    return events
 
-    print("\n2. Where the time goes: mean ms per step, per rank (last round)")
-    for name, result in last.items():
-        for rank, phases in enumerate(result.phases_ms_per_rank):
-            parts = ", ".join(f"{p} {ms:.2f}" for p, ms in phases.items())
-            print(f"   {name:<20} rank {rank}: {parts} (sum {sum(phases.values()):.2f})")
+
+def where_the_time_goes(events: dict, batches: list[int]) -> None:
+    """Mean ms per step of each part, per rank, from the last round's events (``--events``)."""
+    from partrain.events import read_events
+    from partrain.scratch.local import breakdown
+
+    parts = ("compute", "reduction", "communication", "update", "data")
+    print(f"   {'mode':<20} {'batch':>5} {'rank':>4} " + " ".join(f"{p:>13}" for p in parts) + f" {'other':>7} {'step':>7}")
+    for (name, batch), directory in events.items():
+        for rank, ms in breakdown(read_events(directory), skip=WARMUP_STEPS).items():
+            other = ms["step"] - sum(ms.get(p, 0.0) for p in parts)  # Python between the phases
+            print(f"   {name:<20} {batch:>5} {rank:>4} " + " ".join(f"{ms.get(p, 0.0):>13.2f}" for p in parts)
+                  + f" {other:>7.2f} {ms['step']:>7.2f}")
     from partrain.scratch.comm import run_workers
 
     alone = run_workers(collectives, (), 2)[0]
@@ -186,18 +229,24 @@ def accuracy(data_dir: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--samples", type=int, default=19_200, help="samples a run trains (300 steps at batch 64)")
+    parser.add_argument("--batch-sizes", default="64,256,1024", help="comma-separated (default: 64,256,1024)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data-dir", default=os.environ.get("PARTRAIN_DATA_DIR", "../shared/data"))
     parser.add_argument("--no-accuracy", dest="accuracy", action="store_false")
     args = parser.parse_args()
-    print(f"{os.cpu_count()} cores, loadavg {loadavg()}; MNIST MLP batch 64 float32, {args.steps} steps a run, "
-          f"{args.rounds} rounds; ms/step = median over rounds of each run's mean", flush=True)
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    print(f"{os.cpu_count()} cores, loadavg {loadavg()}; MNIST MLP float32, batch {args.batch_sizes}, {args.samples} "
+          f"samples a run, {args.rounds} rounds; ms/step = median over rounds of each run's mean", flush=True)
     print("\n0. Do Python threads run NumPy at the same time?")
     gil_released()
     thread_speedup(max(3, args.rounds))
     print("\n1. Speedup over scratch serial")
-    speedups(args.data_dir, args.steps, args.rounds)
+    with tempfile.TemporaryDirectory(prefix="scratch-events-") as root:
+        events = speedups(args.data_dir, args.samples, args.rounds, batches, root)
+        print("\n2. Where the time goes: mean ms per step of each part, per rank, from the last round's events "
+              "(partrain train --engine scratch --events DIR records the same; partrain trace DIR draws them)")
+        where_the_time_goes(events, batches)
     print("\n3. Epoch time: scratch engine against the PyTorch engine (serial, 1 thread each)", flush=True)
     engines(args.data_dir, args.rounds)
     if args.accuracy:

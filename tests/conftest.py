@@ -18,12 +18,12 @@ def data_dir() -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` need CUDA: skipped where none is visible (CI), run with ``pytest -m gpu`` on a GPU."""
+    """Tests marked ``gpu`` need CUDA: skipped, with the reason, where torch sees no GPU."""
     import torch
 
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -103,6 +103,7 @@ def test_the_cli_runs_the_scratch_engine_and_prints_json(data_dir, capsys):
     (["--strategy", "hybrid", "--workers", "2"], "hybrid is processes x threads"),
     (["--strategy", "ddp", "--workers", "2", "--microbatches", "100"], "--microbatches must be 1 to the batch size"),
     (["--checkpoint", "x"], "--checkpoint is an option of the torch engine"),
+    (["--precision", "bf16"], "--precision is an option of the torch engine"),
 ])
 def test_bad_options_are_one_line_and_exit_status_2(data_dir, capsys, argv, message):
     code = main(["train", "--engine", "scratch", "--data-dir", str(data_dir), *argv])
@@ -113,3 +114,37 @@ def test_bad_options_are_one_line_and_exit_status_2(data_dir, capsys, argv, mess
 def test_scratch_options_need_the_scratch_engine(capsys):
     assert main(["train", "--dtype", "float64"]) == 2
     assert "add --engine scratch" in capsys.readouterr().err
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy", ["ddp", "model-parallel"])
+def test_events_cover_every_rank_and_draw_as_a_timeline(data_dir, tmp_path, strategy):
+    from partrain.events import read_events, read_meta
+    from partrain.scratch.local import breakdown
+
+    events_dir = tmp_path / "events"
+    run(_cfg(data_dir, strategy=strategy, workers=2, evaluate=False, events=str(events_dir)))
+    events, meta = read_events(events_dir), read_meta(events_dir)
+    assert sorted(meta) == [0, 1] and meta[0]["engine"] == "scratch" and meta[0]["scratch_config"]["strategy"] == strategy
+    steps = {(e["rank"], e["step"]): e for e in events if e["name"] == "step"}
+    assert sorted(steps) == [(rank, s) for rank in (0, 1) for s in range(STEPS)]
+    for e in events:  # every phase inside its own step
+        step = steps[e["rank"], e["step"]]
+        assert step["start"] <= e["start"] <= e["end"] <= step["end"], e
+    names = {e["name"] for e in events}
+    if strategy == "ddp":
+        assert {"data", "compute", "allreduce", "optimizer"} <= names
+        assert {e["bytes"] for e in events if e["name"] == "allreduce"} == {(235_146 + 1) * 8}  # float64 + the loss
+    else:  # each micro-batch's forward and backward on its stage
+        assert {(e["rank"], e["stage"]) for e in events if e["name"] in ("forward", "backward")} == {(0, 0), (1, 1)}
+        assert {"send", "recv", "reduce"} <= names
+    parts = breakdown(events, skip=2)
+    for rank in (0, 1):
+        assert parts[rank]["compute"] > 0 and parts[rank]["communication"] > 0
+        assert sum(v for k, v in parts[rank].items() if k != "step") <= parts[rank]["step"] * (1 + 1e-9)
+    out = tmp_path / "trace.json"
+    assert main(["trace", str(events_dir), "-o", str(out)]) == 0
+    trace = json.loads(out.read_text())
+    processes = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert processes == {"rank 0", "rank 1"}  # measured only: the predictor models the PyTorch engine

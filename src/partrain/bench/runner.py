@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from datetime import datetime, timezone
 from functools import partial
 
@@ -45,6 +46,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from partrain.bench import nodes
 from partrain.bench.store import Outcome, Store
 from partrain.bench.suite import Cell, Suite
 from partrain.config import RunConfig
@@ -56,23 +58,30 @@ from partrain.runner import preflight
 
 POLL_S = 0.5  # how often a running cell is checked for exit and timeout, and the bar redrawn
 _EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b.*")
+_TORCH_LOG_LINE = re.compile(r"^[EWI]\d{4} ")  # torch's C++/elastic log lines: E1122 22:56:32.163000 ...
 
 
 def run_suite(suite: Suite, store: Store, *, force: bool = False, data_dir: str | None = None,
-              show_progress: bool = True) -> list[str]:
+              show_progress: bool = True, profile_dir: str | None = None) -> list[str]:
     """Measure every cell of ``suite`` into ``store``; returns the cells' keys in suite order."""
     return run_cells(suite.cells(), store, suite_name=suite.name, data_dir=data_dir or suite.data_dir,
-                     timeout=suite.timeout, force=force, show_progress=show_progress)
+                     timeout=suite.timeout, force=force, show_progress=show_progress,
+                     link_profile_mb=suite.profile_max_mb, profile_dir=profile_dir)
 
 
 def run_cells(cells: list[Cell], store: Store, *, suite_name: str, data_dir: str | None, timeout: float,
-              force: bool = False, show_progress: bool = True) -> list[str]:
+              force: bool = False, show_progress: bool = True, link_profile_mb: float = 4.0,
+              profile_dir: str | None = None) -> list[str]:
     """Measure ``cells`` one after the other, storing each as soon as it finished.
 
     A cell already measured (status ok) on this hardware is not run again unless ``force``;
     a cell that cannot run is stored as skipped, one that crashes or times out as failed or
-    timeout, and the next cell goes on. Returns the cells' keys, in order.
+    timeout, and the next cell goes on. Returns the cells' keys, in order. Cells across
+    emulated nodes are refused, before any runs, where no namespaces can be made; before
+    the first of each placement and link runs, that link is profiled (``bench.nodes``).
     """
+    if reason := nodes.refusal(cells):
+        raise PartrainError(reason)
     hardware, commit = fingerprint(), git_commit()
     keys = []
     with CellProgress(len(cells), show_progress) as progress:
@@ -83,6 +92,9 @@ def run_cells(cells: list[Cell], store: Store, *, suite_name: str, data_dir: str
             if not force and store.measured(key):
                 progress.end(cell, None)
                 continue
+            if cell.nodes and (failed := nodes.ensure_link_profile(cell, run_processes, link_profile_mb, timeout,
+                                                                   profile_dir, progress.refresh)):
+                progress.console.print(f"partrain: {failed}; its cells run, validate cannot predict them")
             outcome = measure(cell, data_dir, timeout, progress.refresh)
             store.record(cell, hardware, outcome, suite_name, commit)
             progress.end(cell, outcome)
@@ -92,6 +104,8 @@ def run_cells(cells: list[Cell], store: Store, *, suite_name: str, data_dir: str
 def measure(cell: Cell, data_dir: str | None, timeout: float, tick: Callable[[], None] = lambda: None) -> Outcome:
     """Check the cell, run it in fresh processes, and turn what it reported into figures."""
     started = _now()
+    if cell.engine == "scratch":
+        return measure_scratch(cell, data_dir, timeout, tick)
     try:
         cfg = check_cell(cell, data_dir, timeout)
     except PartrainError as err:
@@ -100,7 +114,12 @@ def measure(cell: Cell, data_dir: str | None, timeout: float, tick: Callable[[],
         return Outcome("failed", f"{type(err).__name__}: {err}", started_at=started, finished_at=_now())
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     t0 = time.perf_counter()
-    status, reason, result = run_process(train_command(cfg), timeout, tick)
+    if cell.nodes:  # one torchrun per emulated node; the namespaces go when the cell ends
+        with nodes.emulated(cell) as emulated:
+            status, reason, result = run_processes(nodes.train_across(emulated, cell, cfg.to_argv()), timeout, tick,
+                                                   emulated.env(child_env()))
+    else:
+        status, reason, result = run_process(train_command(cfg), timeout, tick)
     # the defaults the run resolved (pipeline stages, replicas, micro-batches, stage cut) are stored with it
     resolved = {"pp": cfg.dims.pp, "dp": cfg.dims.dp, "microbatches": cfg.num_microbatches if cfg.pipeline_schedule else None}
     outcome = Outcome(status, reason, config={**cfg.to_dict(), "resolved": resolved}, started_at=started,
@@ -108,6 +127,26 @@ def measure(cell: Cell, data_dir: str | None, timeout: float, tick: Callable[[],
     if result is not None:
         outcome.figures = figures(cell, result)
         resolved["split_points"] = result.get("split_points")  # the cut the run chose, for validate
+    return outcome
+
+
+def measure_scratch(cell: Cell, data_dir: str | None, timeout: float, tick: Callable[[], None]) -> Outcome:
+    """``measure`` for a cell of the scratch engine: the same process, timeout and figures."""
+    from partrain.scratch.bench import argv, scratch_config, stored_config
+
+    started = _now()
+    try:
+        cfg = scratch_config(cell, data_dir, timeout)
+    except PartrainError as err:
+        return Outcome("skipped", str(err), started_at=started, finished_at=_now())
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    t0 = time.perf_counter()
+    status, reason, result = run_process([*python_command(), "-m", "partrain", "train", *argv(cfg), "--json", "--quiet"],
+                                         timeout, tick)
+    outcome = Outcome(status, reason, config=stored_config(cfg), started_at=started, finished_at=_now(),
+                      wall_seconds=time.perf_counter() - t0, load_average=load)
+    if result is not None:
+        outcome.figures = figures(cell, result)
     return outcome
 
 
@@ -122,6 +161,8 @@ def check_cell(cell: Cell, data_dir: str | None, timeout: float) -> RunConfig:
     cfg = cell.run_config(data_dir, timeout)
     if cfg.kind == "pipeline" and cfg.workers == 1:
         raise PartrainError(f"a {cfg.strategy} pipeline needs 2 or more workers; on one worker it is serial")
+    if cell.nodes:
+        nodes.check_across(cell, cfg)
     preflight(cfg)
     return cfg
 
@@ -134,31 +175,53 @@ def train_command(cfg: RunConfig) -> list[str]:
 
 def run_process(cmd: list[str], timeout: float, tick: Callable[[], None]) -> tuple[str, str | None, dict | None]:
     """Run ``cmd`` in a new session; returns (status, reason, the JSON result or None)."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_env(),
-                                start_new_session=True, preexec_fn=partial(die_with_parent, signal.SIGTERM))
-        deadline = time.monotonic() + timeout
+    return run_processes([cmd], timeout, tick)
+
+
+def run_processes(cmds: list[list[str]], timeout: float, tick: Callable[[], None],
+                  env: dict[str, str] | None = None) -> tuple[str, str | None, dict | None]:
+    """Run ``cmds`` side by side (one per emulated node), each in a new session; the first's
+    stdout holds the JSON result. When one fails the others are killed at once: they would
+    wait for it until their rendezvous timed out."""
+    with ExitStack() as files:
+        outs = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in cmds]
+        errs = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in cmds]
+        procs: list[subprocess.Popen] = []
         try:
-            while proc.poll() is None and time.monotonic() < deadline:
+            for cmd, out, err in zip(cmds, outs, errs, strict=True):
+                procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env or child_env(),
+                                              start_new_session=True, preexec_fn=partial(die_with_parent, signal.SIGTERM)))
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                running = [p for p in procs if p.poll() is None]
+                if not running or any(p.returncode for p in procs if p not in running):
+                    break
                 tick()
                 try:
-                    proc.wait(POLL_S)
+                    running[0].wait(POLL_S)
                 except subprocess.TimeoutExpired:
                     pass
         finally:
-            timed_out = proc.poll() is None
-            _kill_group(proc)  # on timeout the launcher and its workers; else any straggler
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if timed_out:
+            codes = [p.poll() for p in procs]  # before the kill: a node killed for another's failure did not fail
+            for proc in procs:
+                _kill_group(proc)  # on timeout the launchers and their workers; else any straggler
+        stdout = _read(outs[0])
+        failed = next((i for i, code in enumerate(codes) if code), None)
+        stderr = _read(errs[failed]) if failed is not None else ""
+    if failed is not None:
+        where = f"node {failed}: " if len(cmds) > 1 else ""
+        return "failed", where + failure_reason(stderr, codes[failed]), None
+    if None in codes:
         return "timeout", f"no result within the {timeout:g} s cell timeout; the cell's processes were killed", None
-    if proc.returncode != 0:
-        return "failed", failure_reason(stderr, proc.returncode), None
     try:
         return "ok", None, json.loads(stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         return "failed", f"exit status 0 but no JSON result on stdout: {stdout.strip()[-200:]!r}", None
+
+
+def _read(file) -> str:
+    file.seek(0)
+    return file.read()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -176,6 +239,9 @@ def failure_reason(stderr: str, returncode: int) -> str:
     the exception it points to is added. A process killed by a signal says which, and
     SIGKILL from nobody we know of is most likely the kernel's out-of-memory killer.
     """
+    if "ChildFailedError" in stderr:  # torchrun's (across nodes): the worker's error is above the launcher's traceback
+        stderr = "\n".join(line for line in stderr[:stderr.rfind("Traceback (most recent call last)")].splitlines()
+                           if not _TORCH_LOG_LINE.match(line))
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     if returncode < 0:
         name = signal.Signals(-returncode).name
@@ -231,7 +297,15 @@ def figures(cell: Cell, result: dict) -> dict:
         "test_accuracy": accuracy,
         "final_loss": result["step_losses"][-1] if result["step_losses"] else None,
         "partition": result.get("partition"),
+        "device": run_device(result),
     }
+
+
+def run_device(result: dict) -> str:
+    """What a finished run trained on: the GPU's name when its backend was NCCL (train puts
+    every worker on a GPU then), else "cpu"."""
+    gpu = fingerprint().gpu
+    return gpu if result.get("backend") == "nccl" and gpu else "cpu"
 
 
 def _now() -> str:

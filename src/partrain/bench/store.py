@@ -11,6 +11,13 @@ hardware fingerprint's hash and the repeat index (``Cell.key``). Running a cell 
 (after a failure, or with ``--force``) replaces its row, so the store holds the latest
 run of every cell and a resumed suite has every cell exactly once.
 
+Every cell records the device it ran on (``cpu`` or the GPU's name) and the numerics it ran
+with (precision, channels-last, compile), so that ``validate`` holds a GPU prediction only
+against GPU cells. A store written before these columns existed (schema 1) is migrated when
+opened for writing: the columns are added, and its rows say what they ran with: fp32, eager,
+and the GPU when the machine had one and the run's backend was not gloo, else ``cpu``
+(``legacy_run_columns``). Opened only to read, the same values are filled in as rows are read.
+
 Speedup and efficiency are not stored: they are computed when the rows are read
 (``with_speedup``), against the serial rows that share the cell's ``baseline_key``, so
 they do not depend on the order in which the cells ran and stay right when a serial
@@ -35,7 +42,7 @@ from partrain.predict.machine import Hardware
 
 STORE_ENV = "PARTRAIN_STORE"
 DEFAULT_STORE = Path("~/.partrain/results.sqlite")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: device, precision, channels_last, compile, gpu_memory_mib
 STATUSES = ("ok", "skipped", "failed", "timeout")
 
 # (column, SQL type, meaning). The order is the order of every export.
@@ -44,6 +51,8 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("cell_key", "TEXT NOT NULL UNIQUE", "hash of the normalized cell, the hardware hash and the repeat"),
     ("baseline_key", "TEXT NOT NULL", "shared with the serial cells this cell's speedup is measured against"),
     ("suite", "TEXT", "the suite or scaling study that ran the cell"),
+    ("engine", "TEXT NOT NULL DEFAULT 'torch'", "torch: PyTorch's modules and strategies; scratch: the NumPy engine "
+     "(partrain.scratch); a cell's speedup is against the serial run of its own engine"),
     ("model", "TEXT NOT NULL", ""),
     ("dataset", "TEXT NOT NULL", ""),
     ("strategy", "TEXT NOT NULL", ""),
@@ -58,6 +67,13 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("epochs", "INTEGER", "whole epochs (epochs mode)"),
     ("limit_samples", "INTEGER", "trained on the first N samples only"),
     ("threads", "INTEGER", "intra-op threads per worker"),
+    ("device", "TEXT", "what the cell trained on: cpu, or the GPU's name"),
+    ("precision", "TEXT", "fp32 | bf16 | fp16 (autocast)"),
+    ("channels_last", "INTEGER", "1: --channels-last"),
+    ("compile", "INTEGER", "1: --compile"),
+    ("nodes", "INTEGER", "emulated nodes the cell ran across (NULL: this machine)"),
+    ("workers_per_node", "INTEGER", "across emulated nodes: workers on each"),
+    ("link_mbit", "REAL", "across emulated nodes: the shaped rate of their link, Mbit/s"),
     ("config", "TEXT NOT NULL", "JSON: the full cell and RunConfig"),
     ("status", "TEXT NOT NULL", "ok | skipped | failed | timeout"),
     ("reason", "TEXT", "why a cell was skipped or failed"),
@@ -84,6 +100,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("memory_gib", "INTEGER", ""),
     ("gpu", "TEXT", ""),
     ("gpu_count", "INTEGER", ""),
+    ("gpu_memory_mib", "INTEGER", "per GPU"),
     ("backend", "TEXT", "default collective backend of the machine"),
     ("torch_version", "TEXT", ""),
     ("partrain_version", "TEXT", ""),
@@ -92,6 +109,8 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("finished_at", "TEXT", "UTC, ISO 8601"),
 ]
 COLUMN_NAMES = [name for name, _, _ in COLUMNS]
+# columns schema 2 added, and what a row stored before them ran with (legacy_run_columns)
+RUN_COLUMNS = ("device", "precision", "channels_last", "compile", "gpu_memory_mib")
 COMPUTED = ["speedup", "efficiency"]  # added by with_speedup when rows are read
 _JSON_COLUMNS = ("config", "peak_memory_per_worker")
 
@@ -146,7 +165,8 @@ class Store:
             raise PartrainError(f"{self.path} is not a partrain results store (it holds tables such as "
                                 f"{sorted(names - {'cells'})[0]!r}): pass another --store")
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        if "cells" in names and version != SCHEMA_VERSION:
+        self.legacy = "cells" in names and version == 1  # migrated by _prepare, or filled in by rows()
+        if "cells" in names and version not in (1, SCHEMA_VERSION):
             raise PartrainError(
                 f"results store {self.path} has schema version {version}, this partrain uses {SCHEMA_VERSION}: "
                 "pass another --store"
@@ -158,9 +178,32 @@ class Store:
         with self.db:
             columns = ",\n  ".join(f'"{name}" {sql}' for name, sql, _ in COLUMNS)
             self.db.execute(f"CREATE TABLE IF NOT EXISTS cells (\n  {columns}\n)")
+            self._add_missing_columns()
+            if self.legacy:
+                self._migrate()
             self.db.execute("CREATE INDEX IF NOT EXISTS cells_by_config ON cells(model, dataset, strategy, workers, batch_size)")
             self.db.execute("CREATE INDEX IF NOT EXISTS cells_by_baseline ON cells(baseline_key)")
             self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _migrate(self) -> None:
+        """Schema 1 -> 2, inside ``_prepare``'s transaction, once ``_add_missing_columns`` has
+        added the run columns: fill them in for the rows already there."""
+        for row in self.db.execute("SELECT id, gpu, config FROM cells").fetchall():
+            values = legacy_run_columns(dict(row))
+            self.db.execute("UPDATE cells SET device = ?, precision = ?, channels_last = ?, compile = ? WHERE id = ?",
+                            (values["device"], values["precision"], values["channels_last"], values["compile"], row["id"]))
+        self.legacy = False
+
+    def _add_missing_columns(self) -> None:
+        """A store written before a column existed gets it, empty (NULL) in its old rows, so
+        that it keeps opening and its cells keep counting as measured (the link columns of
+        cells across emulated nodes came within schema 2), or at its default (``engine``:
+        'torch' is right for every earlier cell). Only a column that is nullable or has a
+        default can be added this way (SQLite's ADD COLUMN), which every later column is."""
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(cells)")}
+        for name, sql, _ in COLUMNS:
+            if name not in have:
+                self.db.execute(f'ALTER TABLE cells ADD COLUMN "{name}" {sql}')
 
     def close(self) -> None:
         self.db.close()
@@ -182,11 +225,14 @@ class Store:
             raise ValueError(f"status {outcome.status!r} is not one of {STATUSES}")
         row = {
             "cell_key": cell.key(hardware.hash), "baseline_key": cell.baseline_key(hardware.hash), "suite": suite,
+            "engine": cell.engine,
             "model": cell.model, "dataset": cell.dataset, "strategy": cell.strategy, "workers": cell.workers,
             "batch_size": cell.batch_size,
             "microbatches": outcome.config.get("resolved", {}).get("microbatches", cell.microbatches), "lr": cell.lr, "repeat": cell.repeat,
             "synthetic": int(cell.synthetic), "warmup_steps": cell.warmup_steps, "steps": cell.steps,
             "epochs": cell.epochs, "limit_samples": cell.limit, "threads": cell.threads,
+            "precision": cell.precision, "channels_last": int(cell.channels_last), "compile": int(cell.compile),
+            "nodes": cell.nodes, "workers_per_node": cell.workers_per_node, "link_mbit": cell.link_mbit,
             "config": json.dumps({"cell": asdict(cell), "run": outcome.config}, sort_keys=True),
             "status": outcome.status, "reason": outcome.reason, **outcome.figures,
             "wall_seconds": outcome.wall_seconds, "load_average": outcome.load_average, "hardware_hash": hardware.hash, **asdict(hardware),
@@ -210,6 +256,10 @@ class Store:
     def rows(self, cell_keys: list[str] | None = None) -> list[dict]:
         """Every row (or those of ``cell_keys``) in store order, with speedup and efficiency."""
         rows = [dict(r) for r in self.db.execute("SELECT * FROM cells ORDER BY id")]
+        if self.legacy:  # a schema-1 store opened only to read: what its rows ran with, as migration would say
+            rows = [{**row, **legacy_run_columns(row)} for row in rows]
+        for r in rows:  # a store opened only to read, from before engines: the PyTorch engine's cells
+            r.setdefault("engine", "torch")
         with_speedup(rows)
         if cell_keys is not None:
             wanted = set(cell_keys)
@@ -217,12 +267,24 @@ class Store:
         return rows
 
 
+def legacy_run_columns(row: dict) -> dict:
+    """The run columns of a row stored before schema 2: fp32, eager, contiguous (the options
+    did not exist), on the machine's GPU when it had one and the run's backend was not gloo
+    (train picks NCCL, hence the GPU, whenever there is one), else on the CPU."""
+    config = json.loads(row["config"]) if isinstance(row.get("config"), str) else row.get("config") or {}
+    run = config.get("run", {})
+    on_gpu = bool(row.get("gpu")) and run.get("backend") in (None, "nccl")
+    return {"device": row["gpu"] if on_gpu else "cpu", "precision": run.get("precision", "fp32"),
+            "channels_last": int(bool(run.get("channels_last", False))), "compile": int(bool(run.get("compile", False))),
+            "gpu_memory_mib": row.get("gpu_memory_mib")}
+
+
 def with_speedup(rows: list[dict]) -> list[dict]:
     """Add ``speedup`` and ``efficiency`` to each row, in place; returns ``rows``.
 
     speedup = median seconds per epoch of the ``ok`` serial rows with the same baseline key
-    (same model, dataset, global batch, lr, data, threads per worker, steps or epochs, and
-    hardware), divided by the row's seconds per epoch; efficiency = speedup / workers. None
+    (same engine, model, dataset, global batch, lr, data, threads per worker, steps or epochs,
+    and hardware), divided by the row's seconds per epoch; efficiency = speedup / workers. None
     when the row did not run or no matching serial row did.
     """
     serial: dict[str, list[float]] = {}

@@ -20,11 +20,34 @@ A suite file lists the axes of the matrix and how much of each run to measure::
     seed = 0
     timeout = 600                    # seconds per cell, process start to exit
     data_dir = "/data"               # default: --data-dir, else $PARTRAIN_DATA_DIR
+    precisions = ["fp32", "bf16"]    # train's --precision, an axis of the matrix (default: fp32)
+    channels_last = false            # train's --channels-last, for every cell
+    compile = false                  # train's --compile, for every cell
+    engine = ["torch", "scratch"]    # default "torch"; scratch: the NumPy engine (partrain.scratch)
+
+    # across emulated nodes (issue 18; needs root: partrain.testing.netns), instead of workers:
+    nodes = [2, 4]                   # network namespaces joined by a shaped link ...
+    workers_per_node = [1, 2]        # ... each running this many workers (default 1)
+    # placements = ["2x1", "4x1", "2x2"]   # or: the (nodes x workers per node) pairs themselves
+    link_mbit = [100, 1000]          # the link's rate in Mbit/s, each a cell of its own
+    profile_max_mb = 4               # largest message of the link's profile --hardware
 
 Every key but ``models`` is optional; a list key also takes a single value. The matrix is
 the product of models x datasets x strategies x workers x batch sizes x micro-batches x lrs
-x repeats, with one exception: micro-batches multiply pipeline strategies only (a data
+x precisions x repeats x engines, with one exception: micro-batches multiply pipeline strategies only (a data
 parallel run has no micro-batches, so it is one cell, not one per value).
+
+With ``nodes`` (or ``placements``) the workers axis is the placements x link rates: each
+strategy runs under torchrun across that many emulated nodes joined by a link of that rate
+(``bench.nodes``), except serial, which has one worker and so no link: it runs once, here,
+as the baseline. ``workers`` and ``nodes`` are not given together.
+
+The scratch engine (``engine = "scratch"``, see ``partrain.scratch``) trains the mlp only, with
+its own strategies (serial, threads, ddp, hybrid, model-parallel, local-sgd); a suite may list
+both engines and the strategies of both, and a cell whose engine lacks its strategy is stored
+as skipped. For it ``workers`` counts threads for ``threads`` and processes otherwise;
+``hybrid`` runs ``threads`` threads in each process (2 when ``threads`` is 1), and the
+``threads`` setting changes nothing else (the engine's BLAS always runs on one thread).
 
 A suite is validated completely when it is read -- unknown keys, wrong types, unknown
 models, datasets and strategies are one ``PartrainError`` -- so a bad file never starts a
@@ -40,11 +63,12 @@ import hashlib
 import itertools
 import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from partrain.config import RunConfig
+from partrain.config import PRECISIONS, RunConfig
 from partrain.data import dataset_spec
 from partrain.errors import PartrainError
 from partrain.models import list_models
@@ -70,6 +94,7 @@ QUICK = {
 THESIS_MODELS = ["resnet18", "resnet50", "resnet152", "vgg11", "vgg16", "mobilenetv2"]
 THESIS_DATASETS = ["mnist", "cifar10", "imagenet", "highres"]  # the last two are generated data
 BUILTIN_SUITES = ("quick", "thesis")
+ENGINES = ("torch", "scratch")  # PyTorch's modules and strategies; partrain.scratch's NumPy engine
 
 
 @dataclass(frozen=True)
@@ -97,21 +122,51 @@ class Cell:
     eval_limit: int | None = None
     threads: int = 1
     seed: int = 0
+    precision: str = "fp32"
+    channels_last: bool = False
+    compile: bool = False
+    engine: str = "torch"  # or "scratch": partrain.scratch's NumPy engine
+    # across emulated nodes (None: on this machine); workers = nodes x workers_per_node
+    nodes: int | None = None
+    workers_per_node: int | None = None
+    link_mbit: float | None = None
 
     @property
     def label(self) -> str:
         parts = [f"{self.model}/{self.dataset}", f"{self.strategy} x{self.workers}", f"b{self.batch_size}"]
+        if self.engine != "torch":  # e.g. "scratch mlp/mnist threads x2 b64 lr0.01"
+            parts.insert(0, self.engine)
         if self.microbatches:
             parts.append(f"mb{self.microbatches}")
         parts.append(f"lr{self.lr:g}")
+        parts += [self.precision] if self.precision != "fp32" else []
+        parts += ["channels-last"] * self.channels_last + ["compiled"] * self.compile
+        if self.nodes:
+            parts.append(f"on {self.placement}")
         if self.repeat:
             parts.append(f"#{self.repeat}")
         return " ".join(parts)
 
+    @property
+    def placement(self) -> str | None:
+        """Where the cell runs across emulated nodes, in words (None: on this machine)."""
+        if not self.nodes:
+            return None
+        return f"{self.nodes}x{self.workers_per_node} nodes at {self.link_mbit:g} Mbit/s"
+
     def identity(self) -> dict:
-        """Everything that makes a measurement differ, without the repeat index."""
+        """Everything that makes a measurement differ, without the repeat index. The numerics
+        count only when not the default (fp32, eager, contiguous), and the link fields only
+        across nodes: a cell stored before they existed keeps its key, and is found again
+        instead of measured twice."""
         fields = dataclasses.asdict(self)
         del fields["repeat"]
+        for name, default in _RUN_OPTION_DEFAULTS.items():
+            if fields[name] == default:
+                del fields[name]
+        if self.nodes is None:
+            for name in _NODE_FIELDS:
+                del fields[name]
         return fields
 
     def key(self, hardware_hash: str) -> str:
@@ -120,10 +175,11 @@ class Cell:
 
     def baseline_key(self, hardware_hash: str) -> str:
         """Shared by this cell and the serial runs it is compared against: the same job, minus
-        how it is parallelized (strategy, workers, micro-batches), on the same hardware."""
+        how it is parallelized (strategy, workers, micro-batches), on the same hardware and
+        engine (a scratch cell's speedup is over scratch serial, never over torch serial)."""
         fields = self.identity()
-        for name in ("strategy", "workers", "microbatches"):
-            del fields[name]
+        for name in ("strategy", "workers", "microbatches", *_NODE_FIELDS):
+            fields.pop(name, None)  # across nodes too: the serial baseline ran here, on one worker
         return _digest({**fields, "hardware": hardware_hash})
 
     def run_config(self, data_dir: str | None, timeout: float) -> RunConfig:
@@ -139,8 +195,24 @@ class Cell:
             epochs=self.epochs or total, steps=total, limit=self.limit, eval_limit=self.eval_limit,
             evaluate=self.steps is None, batch_size=self.batch_size, lr=self.lr, seed=self.seed,
             strategy=self.strategy, workers=self.workers, microbatches=self.microbatches,
-            threads=self.threads, timeout_s=min(timeout, 300.0),
+            threads=self.threads, timeout_s=min(timeout, 300.0), precision=self.precision,
+            channels_last=self.channels_last, compile=self.compile,
         )
+
+
+# the keys of the cells stored before these existed stay the same
+_RUN_OPTION_DEFAULTS = {"precision": "fp32", "channels_last": False, "compile": False, "engine": "torch"}
+_NODE_FIELDS = ("nodes", "workers_per_node", "link_mbit")
+
+
+def _micro_batched(engine: str, strategy: str) -> bool:
+    """Whether ``strategy`` cuts a batch into micro-batches on ``engine`` (False where the
+    engine lacks it: that cell is one, stored as skipped)."""
+    if engine == "scratch":
+        from partrain.scratch import MICRO_BATCHED
+
+        return strategy in MICRO_BATCHED
+    return strategy in SPECS and SPECS[strategy].micro_batched
 
 
 def _digest(fields: dict) -> str:
@@ -171,21 +243,47 @@ class Suite:
     seed: int = 0
     timeout: float = 600.0
     data_dir: str | None = None
+    precisions: tuple[str, ...] = ("fp32",)
+    channels_last: bool = False
+    compile: bool = False
+    engine: tuple[str, ...] = ("torch",)
+    nodes: tuple[int, ...] = ()  # emulated nodes; empty: every cell on this machine
+    workers_per_node: tuple[int, ...] = ()  # empty: 1
+    placements: tuple[str, ...] = ()  # "NxW" pairs, instead of nodes x workers_per_node
+    link_mbit: tuple[float, ...] = ()
+    profile_max_mb: float = 4.0
+
+    def places(self) -> list[tuple[int, int]]:
+        """The (nodes, workers per node) pairs the suite runs across; empty: none."""
+        if self.placements:
+            return [tuple(int(n) for n in p.split("x")) for p in self.placements]
+        return [(n, w) for n in self.nodes for w in self.workers_per_node or (1,)]
+
+    def _where(self, strategy: str) -> list[tuple[int, int | None, int | None, float | None]]:
+        """(workers, nodes, workers per node, link) of one strategy's cells."""
+        if not self.places():
+            return [(w, None, None, None) for w in self.workers]
+        if SPECS[strategy].family == "serial":  # one worker has no link: the baseline, here
+            return [(1, None, None, None)]
+        return [(n * w, n, w, float(link)) for n, w in self.places() for link in self.link_mbit]
 
     def cells(self) -> list[Cell]:
         """The matrix, in a stable order (the order the runner measures it): the whole matrix
         once, then again for each further repeat, so that a cell's repeats run minutes apart
         (different moments of a shared machine) and an interrupted suite has whole passes."""
         cells = []
-        axes = itertools.product(self.models, self.datasets, self.batch_sizes, self.lrs, self.strategies, self.workers)
-        for model, dataset, batch, lr, strategy, workers in axes:
-            for mb in (self.microbatches or (None,)) if SPECS[strategy].micro_batched else (None,):
-                for repeat in range(self.repeats):
-                    cells.append(Cell(
-                        model, dataset, strategy, workers, batch, mb, lr, repeat,
-                        self.synthetic or dataset_spec(dataset).synthetic_only, self.warmup_steps, self.steps,
-                        self.epochs, self.limit, self.eval_limit, self.threads, self.seed,
-                    ))
+        axes = itertools.product(self.models, self.datasets, self.engine, self.batch_sizes, self.lrs, self.precisions,
+                                 self.strategies)
+        for model, dataset, engine, batch, lr, precision, strategy in axes:
+            for workers, nodes, per_node, link in self._where(strategy):
+                for mb in (self.microbatches or (None,)) if _micro_batched(engine, strategy) else (None,):
+                    for repeat in range(self.repeats):
+                        cells.append(Cell(
+                            model, dataset, strategy, workers, batch, mb, lr, repeat,
+                            self.synthetic or dataset_spec(dataset).synthetic_only, self.warmup_steps, self.steps,
+                            self.epochs, self.limit, self.eval_limit, self.threads, self.seed, precision,
+                            self.channels_last, self.compile, engine, nodes, per_node, link,
+                        ))
         return sorted(cells, key=lambda c: c.repeat)  # stable: the matrix order within a pass
 
     def replace(self, **changes) -> Suite:
@@ -194,6 +292,10 @@ class Suite:
         for given, other in (("epochs", "steps"), ("steps", "epochs")):
             if given in changes and other not in changes:
                 fields[other] = None
+        if (fields["nodes"] or fields["placements"]) and "workers" not in changes:
+            fields["workers"] = None  # across nodes the placements are the workers
+        if fields["profile_max_mb"] == 4.0 and "profile_max_mb" not in changes:
+            fields["profile_max_mb"] = None  # the default, given only with nodes
         return suite_from_dict({k: v for k, v in fields.items() if v not in (None, ())}, f"suite {self.name!r}")
 
 
@@ -220,6 +322,16 @@ _SCHEMA: dict[str, tuple[type | tuple, bool, tuple | None]] = {
     "seed": (int, False, (lambda v: 0 <= v < 2**32, "in 0..2**32-1")),
     "timeout": ((int, float), False, (lambda v: math.isfinite(v) and v > 0, "a finite number > 0")),
     "data_dir": (str, False, None),
+    "precisions": (str, True, (lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}")),
+    "channels_last": (bool, False, None),
+    "compile": (bool, False, None),
+    "nodes": (int, True, (lambda v: 2 <= v <= 64, "2..64 (one node is this machine: use workers)")),
+    "workers_per_node": (int, True, _POSITIVE),
+    "placements": (str, True, (lambda v: re.fullmatch(r"([2-9]|[1-5][0-9]|6[0-4])x[1-9][0-9]*", v) is not None,
+                               "NODESxWORKERS with 2..64 nodes, e.g. \"2x1\"")),
+    "link_mbit": ((int, float), True, (lambda v: math.isfinite(v) and v > 0, "a finite number > 0")),
+    "profile_max_mb": ((int, float), False, (lambda v: math.isfinite(v) and 0 < v <= 1024, "in (0, 1024]")),
+    "engine": (str, True, (lambda v: v in ENGINES, f"one of {', '.join(ENGINES)}")),
 }
 
 
@@ -253,9 +365,27 @@ def suite_from_dict(raw: dict, source: str) -> Suite:
         raise PartrainError(f"{source}: give steps (measured steps after warm-up) or epochs, not both")
     if "epochs" in fields:
         fields["steps"] = None
+    _check_nodes(source, fields)
     fields.setdefault("name", Path(source).stem)
     _check_names(source, fields)
     return Suite(**fields)
+
+
+def _check_nodes(source: str, fields: dict) -> None:
+    """The emulated-node keys come together, and instead of ``workers``."""
+    across = "nodes" in fields or "placements" in fields
+    if "nodes" in fields and "placements" in fields:
+        raise PartrainError(f"{source}: give nodes (with workers_per_node) or placements, not both")
+    if "workers_per_node" in fields and "nodes" not in fields:
+        raise PartrainError(f"{source}: workers_per_node needs nodes; add for example nodes = [2]")
+    if across and "workers" in fields:
+        raise PartrainError(f"{source}: give workers (this machine) or nodes (emulated nodes), not both; "
+                            "across nodes serial runs here as the baseline")
+    if across != ("link_mbit" in fields):
+        raise PartrainError(f"{source}: nodes and link_mbit come together: " + (
+            "add for example link_mbit = [1000]" if across else "add for example nodes = [2]"))
+    if "profile_max_mb" in fields and not across:
+        raise PartrainError(f"{source}: profile_max_mb sizes the link's profile across nodes: add nodes, or remove it")
 
 
 def _check_names(source: str, fields: dict) -> None:
@@ -269,9 +399,14 @@ def _check_names(source: str, fields: dict) -> None:
             dataset_spec(dataset)
         except PartrainError as err:
             raise PartrainError(f"{source}: {err}") from None
+    known = dict.fromkeys(SPECS)
+    if "scratch" in fields.get("engine", ()):
+        from partrain.scratch import STRATEGIES as SCRATCH_STRATEGIES
+
+        known.update(dict.fromkeys(SCRATCH_STRATEGIES))
     for strategy in fields.get("strategies", ()):
-        if strategy not in SPECS:
-            raise PartrainError(f"{source}: unknown strategy {strategy!r}; choose from {', '.join(SPECS)}")
+        if strategy not in known:
+            raise PartrainError(f"{source}: unknown strategy {strategy!r}; choose from {', '.join(known)}")
     for dataset in fields.get("datasets", ("mnist",)):
         rows = min(dataset_spec(dataset).train_size, fields.get("limit") or math.inf)
         too_big = [b for b in fields.get("batch_sizes", ()) if b > rows]

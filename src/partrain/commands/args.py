@@ -61,3 +61,15 @@ def model_options(args: argparse.Namespace) -> dict:
 
     hidden = getattr(args, "hidden", None)
     return {**given(args), **({"hidden": hidden} if hidden else {})}
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """The device and numerics a profile is taken with and a plan runs with: ``train``'s own
+    ``--precision``, ``--channels-last`` and ``--compile`` (``config.add_options``), and
+    ``--device`` (the profile's; ``train`` picks the GPU when there is one)."""
+    from partrain.config import add_options
+
+    add_options(p, ["precision", "channels_last", "compile"])
+    group = next((g for g in p._action_groups if g.title == "speed"), p)
+    group.add_argument("--device", choices=["cpu", "cuda"],
+                       help="profile on this device (default: the GPU when there is one, as train runs)")

@@ -39,8 +39,14 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--store", help=STORE_HELP)
     p.add_argument("--data-dir", help="where the datasets are (default: the suite's data_dir, else $PARTRAIN_DATA_DIR)")
     p.add_argument("--force", action="store_true", help="run cells again even when already measured on this hardware")
+    p.add_argument("--profile-dir", help="across emulated nodes: where each link's hardware profile is kept "
+                   "(default: $PARTRAIN_PROFILE_DIR, else ~/.partrain/profiles)")
     p.add_argument("--list", action="store_true", help="print the suite's cells and exit; runs and stores nothing")
     p.add_argument("--quiet", action="store_true", help="no progress and no table")
+    from partrain.config import add_options
+
+    # train's own flags, for every cell: instead of the suite's precisions / channels_last / compile
+    add_options(p, ["precision", "channels_last", "compile"], precision=None)
     p.set_defaults(func=cmd_bench)
 
 
@@ -50,12 +56,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if (args.suite_file is None) == (args.suite is None):
         raise PartrainError("give a suite file or --suite quick|thesis, one of the two")
     suite = load_suite(args.suite_file) if args.suite_file else builtin_suite(args.suite, fingerprint())
+    given = {"precisions": (args.precision,) if args.precision else None,
+             "channels_last": args.channels_last or None, "compile": args.compile or None}
+    if any(v is not None for v in given.values()):
+        suite = suite.replace(**{k: v for k, v in given.items() if v is not None})
     if args.list:
         for cell in suite.cells():
             print(cell.label)
         return 0
+    from partrain.bench.nodes import refusal
+
+    if reason := refusal(suite.cells()):  # before the store is made: a refused suite leaves nothing
+        raise PartrainError(reason)
     with Store(args.store) as store:
-        rows = store.rows(run_suite(suite, store, force=args.force, data_dir=args.data_dir, show_progress=not args.quiet))
+        rows = store.rows(run_suite(suite, store, force=args.force, data_dir=args.data_dir, show_progress=not args.quiet,
+                                    profile_dir=args.profile_dir))
         path = store.path
     if not args.quiet:
         print_rows(rows, f"suite {suite.name} ({path}); * = extrapolated epoch")
@@ -105,6 +120,8 @@ def add_scale_parser(sub) -> None:
                    "weak: the batch per worker (default: 16..512 for the sweep, else 64)")
     p.add_argument("--lr", type=float_list, help="lr: the values swept (default: 0.001,0.01,0.1,0.5), else one (0.01)")
     p.add_argument("--microbatches", type=int, help="pipelines: micro-batches per batch (default: 2 x stages)")
+    p.add_argument("--engine", type=str_list, help="comma-separated: torch (default), scratch (the NumPy engine, "
+                   "its own serial baseline), or torch,scratch for both engines' curves on one plot")
     p.add_argument("--epochs", type=int, help="train whole epochs (the sweeps' default: 1)")
     p.add_argument("--steps", type=int, help="measured steps after warm-up, epoch extrapolated (scaling default: 20)")
     p.add_argument("--warmup-steps", type=int, help="steps left out of the step-time statistics (default: 5)")
@@ -131,7 +148,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
         "batch_sizes": args.batch_size, "lrs": args.lr, "microbatches": args.microbatches, "epochs": args.epochs,
         "steps": args.steps, "warmup_steps": args.warmup_steps, "limit": args.limit, "eval_limit": args.eval_limit,
         "synthetic": args.synthetic, "threads": args.threads, "repeats": args.repeats, "timeout": args.timeout,
-        "data_dir": args.data_dir,
+        "data_dir": args.data_dir, "engine": args.engine,
     }
     suite = study_suite(args.kind, options)
     with Store(args.store) as store:

@@ -9,6 +9,7 @@ import sys
 from partrain.commands.args import (
     PROFILE_DIR_HELP,
     add_data_args,
+    add_run_options,
     int_list,
     model_options,
     print_table,
@@ -35,6 +36,7 @@ def add_predict_parser(sub) -> None:
     p.add_argument("--cluster", help="predict for a cluster instead of this machine: a TOML description (see examples/cluster.toml) or a hardware profile .json measured there (profile --hardware under torchrun)")
     p.add_argument("--profile-batch-sizes", type=int_list, help="model profile batch sizes (default: covering the plans)")
     p.add_argument("--profile-dir", help=PROFILE_DIR_HELP)
+    add_run_options(p)
     p.add_argument("--all", action="store_true", help="also list the plans that cannot run, with the reason")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
     p.set_defaults(func=cmd_predict)
@@ -49,13 +51,20 @@ def cmd_predict(args: argparse.Namespace) -> int:
         profile_batch_sizes,
         threads_for,
     )
-    from partrain.profile.cache import hardware_for, load_or_profile, profile_threads
+    from partrain.predict.provenance import provenance, provenance_lines
+    from partrain.profile.cache import (
+        RunOptions,
+        hardware_for,
+        load_or_profile,
+        profile_threads,
+    )
     from partrain.report.tables import predictions_table
 
+    run = RunOptions.from_args(args)
     if args.cluster:
         hw = load_cluster(args.cluster)
     else:
-        hw, hw_path, hw_reused = hardware_for(args.workers, args.profile_dir)
+        hw, hw_path, hw_reused = hardware_for(args.workers, args.profile_dir, device=run.device)
         if not hw_reused:
             print(f"measured this machine's collectives with {args.workers} workers: {hw_path}", file=sys.stderr)
     # the threads the plans' workers will run with, as recommend profiles them
@@ -64,19 +73,26 @@ def cmd_predict(args: argparse.Namespace) -> int:
     plans = candidate_plans(args.workers, args.batch_size)  # the profile is sized to cover every plan
     sizes = args.profile_batch_sizes or profile_batch_sizes([b for plan in plans for b in plan.batch_sizes()])
     profile, path, reused = load_or_profile(args.model, args.dataset, sizes, threads, args.profile_dir, args.data_dir,
-                                            args.synthetic, options)
+                                            args.synthetic, options, run=run)
     checked = enumerate_plans(profile, args.workers, args.batch_size, args.optimizer, args.momentum, args.threads,
                               with_invalid=True, hardware=hw)
     wanted = [(plan, why) for plan, why in checked if not args.strategies or plan.strategy in args.strategies]
     predictions = [predict_plan(profile, hw, plan) for plan, why in wanted if why is None]
     limit = hw.memory_limit_per_worker(local_workers(args.workers, hw))
+    prov = provenance(profile, hw, args.cluster)
     if args.json:
         print(json.dumps({"hardware": hw.description, "memory_limit_bytes": limit, "model_profile": str(path),
+                          "device": profile.device, **profile.run_options(), "provenance": prov,
+                          "profile_seconds": profile.profile_seconds, "profile_reused": reused,
                           "predictions": [p.to_dict() for p in predictions],
                           "invalid": [{"plan": p.label(), "reason": why} for p, why in wanted if why and args.all]}))
         return 0
     title = f"{args.model} on {args.dataset}, {args.workers} worker(s), batch {args.batch_size}, {hw.description}"
     print_table(predictions_table(predictions, title, limit))
+    for line in provenance_lines(prov):
+        print(line)
+    for note in sorted({n for p in predictions for n in p.notes if "side by side" in n}):  # where the sharing came from
+        print(f"  {note}")
     for plan, why in wanted:
         if why and args.all:
             print(f"  cannot run {plan.label()}: {why}")

@@ -9,6 +9,7 @@ import sys
 from partrain.commands.args import (
     PROFILE_DIR_HELP,
     add_data_args,
+    add_run_options,
     int_list,
     model_options,
     print_table,
@@ -31,6 +32,7 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--max-mb", type=float, default=64.0, help="--hardware: largest message in MiB (default: 64)")
     p.add_argument("--profile-dir", help=PROFILE_DIR_HELP)
     p.add_argument("--refresh", action="store_true", help="measure again even when a cached profile exists")
+    add_run_options(p)
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
     p.set_defaults(func=cmd_profile)
 
@@ -39,7 +41,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import os
 
     from partrain.predict.fits import default_sizes
-    from partrain.profile.cache import hardware_path, load_or_profile, profile_dir
+    from partrain.profile.cache import (
+        RunOptions,
+        hardware_path,
+        load_or_profile,
+        profile_dir,
+    )
     from partrain.profile.hardware import profile_hardware
     from partrain.report.tables import hardware_table, profile_table
 
@@ -56,7 +63,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     options = model_options(args)
     profile, path, reused = load_or_profile(
         args.model, args.dataset, args.batch_sizes, args.threads or os.cpu_count() or 1, args.profile_dir,
-        args.data_dir, args.synthetic, options, refresh=args.refresh,
+        args.data_dir, args.synthetic, options, refresh=args.refresh, run=RunOptions.from_args(args),
     )
     if args.json:
         print(json.dumps(profile.to_dict()))

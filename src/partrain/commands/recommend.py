@@ -9,6 +9,7 @@ import sys
 from partrain.commands.args import (
     PROFILE_DIR_HELP,
     add_data_args,
+    add_run_options,
     model_options,
     print_table,
 )
@@ -36,6 +37,7 @@ def add_recommend_parser(sub) -> None:
     p.add_argument("--all", action="store_true", help="list every plan that was dropped, with the reason")
     p.add_argument("--profile-dir", help=PROFILE_DIR_HELP)
     p.add_argument("--refresh", action="store_true", help="profile again even when cached")
+    add_run_options(p)
     p.add_argument("--run", action="store_true", help="train the recommended plan now")
     p.add_argument("--steps", type=int, default=100, help="--run: optimizer steps to train (default: 100)")
     p.add_argument("--json", action="store_true", help="print everything as JSON")
@@ -49,7 +51,13 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
     from partrain.predict.cluster import load_cluster
     from partrain.predict.plan import profile_batch_sizes
-    from partrain.profile.cache import hardware_for, load_or_profile, profile_threads
+    from partrain.predict.provenance import provenance, provenance_lines
+    from partrain.profile.cache import (
+        RunOptions,
+        hardware_for,
+        load_or_profile,
+        profile_threads,
+    )
     from partrain.recommend import (
         needed_batch_sizes,
         parse_bytes,
@@ -58,6 +66,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     )
 
     console = Console(stderr=True)
+    run = RunOptions.from_args(args)
     hw = load_cluster(args.cluster) if args.cluster else None
     workers = args.workers or (hw.nodes * hw.workers_per_node if hw else 1)
     if workers < 1:
@@ -65,29 +74,35 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     start, profiled = time.perf_counter(), []
     if hw is None:
         with console.status(f"measuring this machine's collectives with {workers} workers (cached afterwards)..."):
-            hw, _, reused = hardware_for(workers, args.profile_dir)
+            hw, _, reused = hardware_for(workers, args.profile_dir, device=run.device)
         profiled += [] if reused else ["collectives"]
     sizes = profile_batch_sizes(needed_batch_sizes(workers, args.batch_size))
     options = model_options(args)
+
+    used = []
 
     def profile_for(threads: int):
         threads = profile_threads(threads)
         with console.status(f"profiling {args.model} on {args.dataset} with {threads} thread(s), batches {sizes}..."):
             profile, _, reused = load_or_profile(args.model, args.dataset, sizes, threads, args.profile_dir, args.data_dir,
-                                                 args.synthetic, options, refresh=args.refresh)
+                                                 args.synthetic, options, refresh=args.refresh, run=run)
         profiled.extend([] if reused else [f"{args.model} at {threads} thread(s)"])
+        used.append(profile)
         return profile
 
     limit = parse_bytes(args.memory_limit) if args.memory_limit else None
     rec = recommend(profile_for, hw, workers, args.batch_size, limit, args.objective, args.threads, args.include_async)
     rec.data_dir, rec.profile_seconds, rec.profile_reused = args.data_dir, time.perf_counter() - start, not profiled
+    prov = provenance(used[-1], hw, args.cluster)
     if args.json:
         measured = _run_recommended(rec, args) if args.run else None
-        print(json.dumps({**rec.to_dict(), "measured": measured}, default=str))
+        print(json.dumps({**rec.to_dict(), "provenance": prov, "measured": measured}, default=str))
         return 0
     if profiled:
         print(f"profiled {', '.join(profiled)} in {rec.profile_seconds:.1f} s (cached for next time)", file=sys.stderr)
     print_table(recommendation_table(rec, args.top))
+    for line in provenance_lines(prov):
+        print(line)
     print(f"\n{rec.explanation()}\n")
     dropped = rec.rejected if args.all else rec.rejected[:3]
     if rec.rejected:

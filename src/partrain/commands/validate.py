@@ -27,61 +27,110 @@ def add_validate_parser(sub) -> None:
                    help="judge the recommender: for every job measured under several plans, was its pick the measured "
                    "fastest (hit rate), how much slower if not (regret), and Kendall tau of the orderings; once as "
                    "recommend ranks (plans that train as serial does) and once as recommend --async ranks")
+    p.add_argument("--device", choices=["cpu", "cuda"],
+                   help="profile and predict on this device, held against the cells that ran on it (default: the GPU "
+                   "when there is one)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_validate)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from partrain.bench import Store
+    from partrain.predict.machine import fingerprint as machine
     from partrain.predict.plan import profile_batch_sizes
     from partrain.predict.profiles import busy_warning
-    from partrain.profile.cache import fingerprint, hardware_for, load_or_profile
+    from partrain.profile.cache import (
+        RunOptions,
+        fingerprint,
+        hardware_across,
+        hardware_for,
+        load_or_profile,
+    )
     from partrain.report.plots import plot_scatter
     from partrain.report.tables import report_tables
-    from partrain.validate import validate
+    from partrain.validate import error_signs, validate
+    from partrain.validate_nodes import link_rates, validate_across_nodes
 
     with Store(args.store, create=False) as store:
         rows = store.rows()
 
     def profile_for(cfg, needed):
+        run = RunOptions(args.device, cfg.precision, cfg.channels_last, cfg.compile)
         profile = load_or_profile(cfg.model, cfg.dataset, profile_batch_sizes(needed), cfg.threads or 1,
-                                  args.profile_dir, args.data_dir, cfg.synthetic, cfg.model_options)[0]
+                                  args.profile_dir, args.data_dir, cfg.synthetic, cfg.model_options, run=run)[0]
         if warning := busy_warning(profile):
             print(warning, file=sys.stderr)
         return profile, profile.profile_seconds
 
-    report = validate(rows, profile_for, lambda workers: hardware_for(workers, args.profile_dir)[0], fingerprint())
+    device = "cuda" if RunOptions(args.device).device_kind == "cuda" else "cpu"
+    device_name = machine().gpu if device == "cuda" else "cpu"
+    # cells across emulated nodes: predicted from the profile measured across their own link
+    report, across = validate_across_nodes(
+        rows, profile_for, lambda workers: hardware_for(workers, args.profile_dir, device=device)[0],
+        lambda workers, nodes, link: hardware_across(workers, nodes, link, args.profile_dir), fingerprint(), device_name)
+    if report.mismatched:
+        print(f"skipped {report.mismatched} cells for mismatch: they ran on another device than {device_name}, or with "
+              "other numerics than their profile", file=sys.stderr)
     if not report.cases:
-        raise PartrainError("no successful cells measured on this machine in the store: run `partrain bench` first")
+        raise PartrainError(f"no successful cells measured on this machine ({device_name}) in the store: run `partrain "
+                            "bench` first" + (", or validate with --device for the cells that ran elsewhere"
+                                              if report.mismatched else ""))
     if args.recommendations:
-        return _report_recommendations(report, args.json)
+        return _report_recommendations(report, args.json, across)
     png = plot_scatter(report, args.plot)
+    signs = error_signs(report.cases, workers=2)
+    links = link_rates(rows, lambda workers, nodes, link: hardware_across(workers, nodes, link, args.profile_dir))
     if args.json:
-        print(json.dumps({**report.to_dict(), "plot": str(png)}))
+        print(json.dumps({**report.to_dict(), "plot": str(png),
+                          "links": [{"placement": p, "shaped_mbit": s, "measured_mbit": m} for p, s, m in links],
+                          "error_signs_2_workers": {s: {"cells": n, "over": over, "under": under}
+                                                    for s, (n, over, under) in signs.items()}}))
         return 0
     for table in report_tables(report, args.worst):
         print_table(table)
+    _print_error_signs(signs)
     for line in report.skipped:
         print(f"  skipped {line}")
+    for placement, shaped, measured in links:  # issue 18: within 10% of the shaped rate
+        said = ("nothing: not profiled" if measured is None else f"{measured:.0f} Mbit/s ({measured / shaped - 1:+.0%})"
+                if measured == measured else "no rate: its largest message was no slower than the one before")
+        print(f"link {placement}: profile --hardware measured {said}")
     print(f"plot: {png}")
     return 0
 
 
-def _report_recommendations(report, as_json: bool) -> int:
+def _print_error_signs(signs: dict) -> None:
+    """One line per strategy: how its 2-worker errors split between over and under; the
+    strategies whose errors all lean one way named last (a bias, not noise)."""
+    from partrain.validate import one_sided
+
+    if not signs:
+        return
+    print("2-worker errors by sign: " + "; ".join(f"{s} {over} over, {under} under of {n}"
+                                                  for s, (n, over, under) in signs.items()))
+    biased = one_sided(signs)
+    print(f"  all one sign: {', '.join(biased)}" if biased else "  no strategy whose 2-worker errors all share one sign")
+
+
+def _report_recommendations(report, as_json: bool, across: list = ()) -> int:
     """The recommender judged twice: as ``recommend`` ranks by default (plans that train as
-    serial does) and as ``recommend --async`` ranks (local SGD and Hogwild compete too)."""
+    serial does) and as ``recommend --async`` ranks (local SGD and Hogwild compete too).
+    ``across``: the jobs across emulated nodes (their cells and the serial baselines), each
+    placement and link a job of its own."""
     from partrain.report.tables import outcome_table
     from partrain.validate import recommendation_outcomes, summarize_outcomes
 
-    modes = {"synchronous": recommendation_outcomes(report.cases),
-             "with_async": recommendation_outcomes(report.cases, include_async=True)}
+    cases = [c for c in report.cases if c not in set(across)] + list(across)
+    modes = {"synchronous": recommendation_outcomes(cases),
+             "with_async": recommendation_outcomes(cases, include_async=True)}
     if not modes["with_async"]:
         raise PartrainError("no job in the store was measured under two or more plans: run a suite with several strategies")
     summaries = {mode: {**summarize_outcomes(outcomes), "profile_cost": report.profile_cost()}
                  for mode, outcomes in modes.items()}
     if as_json:
-        print(json.dumps({mode: {"summary": summaries[mode], "groups": [o.__dict__ for o in outcomes]}
-                          for mode, outcomes in modes.items()}))
+        print(json.dumps({**{mode: {"summary": summaries[mode], "groups": [o.__dict__ for o in outcomes]}
+                             for mode, outcomes in modes.items()},
+                          "across_nodes": _summarize_across(across, as_json=True)}))
         return 0
     named = (("synchronous", "recommend", "plans that train as serial does"),
              ("with_async", "recommend --async", "local SGD competes too"))
@@ -96,5 +145,21 @@ def _report_recommendations(report, as_json: bool) -> int:
                   f"fastest), regret mean {s['mean_regret']:.1%} (worst {s['worst_regret']:.1%}), "
                   f"Kendall tau {s['kendall_tau']:.2f} ({s['kendall_tau_within_noise']:.2f} with pairs whose repeats "
                   "overlap counted as ties)")
+    _summarize_across(across, as_json=False)
     print(f"profiling cost {report.profile_cost():.1%} of the benchmark time of the cells it predicts")
     return 0
+
+
+def _summarize_across(across: list, as_json: bool) -> dict:
+    """The recommender over the jobs across emulated nodes alone, per mode: printed, or returned."""
+    from partrain.validate import recommendation_outcomes, summarize_outcomes
+
+    sizes = tuple(sorted({c.group[3] for c in across} - {1}))  # every placement's workers
+    out = {mode: summarize_outcomes(recommendation_outcomes(across, sizes, include_async=mode == "with_async"))
+           for mode in ("synchronous", "with_async")}
+    for mode, s in out.items():
+        if s["groups"] and not as_json:
+            print(f"across emulated nodes ({'recommend' if mode == 'synchronous' else 'recommend --async'}): "
+                  f"{s['groups']} jobs, top-1 hit rate {s['hit_rate']:.0%}, regret mean {s['mean_regret']:.1%} "
+                  f"(worst {s['worst_regret']:.1%})")
+    return out

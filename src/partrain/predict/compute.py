@@ -10,9 +10,10 @@ large batches, while the block sums matched the loop: the sum is the better meas
 
 from __future__ import annotations
 
+import dataclasses
 from bisect import bisect_left
 
-from partrain.predict.profiles import ModelProfile
+from partrain.predict.profiles import HardwareProfile, ModelProfile
 
 
 def interpolate(sizes: list[int], values: list[float], b: float) -> float:
@@ -32,6 +33,26 @@ def contention(busy_threads: float, cores: float) -> float:
     """Slow-down when more threads compute than there are cores: each gets cores / threads of one
     (processor sharing; Kleinrock 1976). 1 when the cores suffice."""
     return max(1.0, busy_threads / cores)
+
+
+def with_model_sharing(profile: ModelProfile, hw: HardwareProfile, threads: int, local: int) -> tuple[HardwareProfile, str]:
+    """``hw`` with its compute sharing replaced, for every k the model profile measured, by the
+    model's own (``profile.sharing``: k copies of this model's step side by side), and where the
+    factor of ``local`` workers now comes from, in words.
+
+    The hardware profile's factor times one fixed convolution: issue 17's token model ran its
+    2-worker data-parallel cells 13-28% faster than that factor said. The model's is used only
+    where it applies: measured on this hardware (a cluster file is another machine) with the
+    threads the plan's workers run."""
+    own = profile.compute_sharing if profile.fingerprint == hw.fingerprint and profile.threads == threads else {}
+    if own:
+        where = "measured for this model" if local in own else \
+            f"the hardware probe's convolution: the model's was measured up to {max(own)} workers"
+        return dataclasses.replace(hw, compute_sharing={**hw.compute_sharing, **own}), where
+    if local in hw.compute_sharing:
+        why = "not measured for this model" if not profile.compute_sharing else "the model's was measured elsewhere"
+        return hw, f"the hardware probe's convolution: {why}"
+    return hw, "processor sharing of the cores: no probe measured it"
 
 
 def block_times(profile: ModelProfile, b: float) -> tuple[list[float], list[float]]:
@@ -85,7 +106,7 @@ def optimizer_kind(optimizer: str, momentum: float) -> str:
 def serial_step(profile: ModelProfile, b: float, kind: str) -> float:
     """A serial step (``train.py``): load the batch, forward and backward every block and the
     loss, one ``kind`` optimizer step: the sum of their measured times, and the loop's own."""
-    return parts_step(profile, b, kind) + loop_time(profile)
+    return parts_step(profile, b, kind) + loop_time(profile, b)
 
 
 def parts_step(profile: ModelProfile, b: float, kind: str) -> float:
@@ -95,11 +116,19 @@ def parts_step(profile: ModelProfile, b: float, kind: str) -> float:
     return at(profile, profile.data_s, b) + sum(fwd) + sum(bwd) + loss_time(profile, b) + profile.optimizer_s[kind]
 
 
-def loop_time(profile: ModelProfile) -> float:
+def loop_time(profile: ModelProfile, b: float | None = None) -> float:
     """What the training loop itself adds to every step beyond its measured parts (zeroing
     gradients, the step's Python, returning the loss): partrain's serial loop timed by the
     profile on a world of one (SGD with momentum, its default), less the sum of the parts at
-    that batch size. 0 when not measured."""
+    that batch size. 0 when not measured.
+
+    On a GPU the loop was timed at every profiled batch size (``ModelProfile.loop_s``) and the
+    difference is interpolated at ``b``; it may be negative there: separately synchronised
+    blocks each pay a launch latency that the loop overlaps, and the loop's data path (data
+    kept on the device) is cheaper than the profile's host batch copied over. A serial step
+    is then the measured loop itself, interpolated."""
+    if profile.loop_s and b is not None:
+        return at(profile, profile.loop_s, b) - parts_step(profile, b, "sgd-momentum")
     ran = profile.world_of_one_s.get("serial")
     if ran is None:
         return 0.0

@@ -59,7 +59,7 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
     slow = env.slowdown(env.local_workers)
     kind = compute.optimizer_kind(plan.optimizer, plan.momentum)
     fwd, bwd = compute.block_times(profile, b)
-    fb = (sum(fwd) + sum(bwd) + compute.loss_time(profile, b) + compute.loop_time(profile)) * slow
+    fb = (sum(fwd) + sum(bwd) + compute.loss_time(profile, b) + compute.loop_time(profile, b)) * slow
     data = compute.at(profile, profile.data_s, b) * slow
     opt = compute.optimizer_time(profile, kind) * slow
     ranks = list(range(plan.workers))

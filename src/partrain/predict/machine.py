@@ -29,13 +29,22 @@ class Hardware:
     gpu_count: int
     backend: str  # the collective backend partrain picks here by default
     torch_version: str
+    gpu_memory_mib: int | None = None  # per GPU (the first's total_memory); None without one
 
     @property
     def hash(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        # without a GPU the hash is the one this machine always had (gpu_memory_mib is newer):
+        # its cached profiles and stored cells stay its own
+        fields = {k: v for k, v in asdict(self).items() if not (k == "gpu_memory_mib" and v is None)}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def gpu_memory_bytes(self) -> int:
+        return (self.gpu_memory_mib or 0) * 2**20
 
     def describe(self) -> str:
-        gpus = f"{self.gpu_count} x {self.gpu}" if self.gpu_count else "no GPU"
+        memory = f" ({self.gpu_memory_mib / 1024:.0f} GiB)" if self.gpu_memory_mib else ""
+        gpus = f"{self.gpu_count} x {self.gpu}{memory}" if self.gpu_count else "no GPU"
         return f"{self.cpu_model}, {self.cpu_cores} cores, {self.memory_gib} GiB, {gpus}, {self.backend}, torch {self.torch_version}"
 
 
@@ -53,6 +62,7 @@ def fingerprint() -> Hardware:
         gpu_count=gpu_count,
         backend="nccl" if gpu_count else "gloo",
         torch_version=torch.__version__,
+        gpu_memory_mib=torch.cuda.get_device_properties(0).total_memory // 2**20 if gpu_count else None,
     )
 
 

@@ -38,6 +38,10 @@ class Plan:
     momentum: float = 0.9
     threads: int | None = None
     split_points: tuple[int, ...] | None = None
+    # numerics and speed options: a plan is predicted from a profile taken with the same ones
+    precision: str = "fp32"
+    channels_last: bool = False
+    compile: bool = False
 
     @classmethod
     def from_config(cls, cfg: RunConfig, split_points: list[int] | None = None) -> Plan:
@@ -48,6 +52,7 @@ class Plan:
             bucket_mb=cfg.bucket_mb, average_every=cfg.average_every, recompute=cfg.recompute, optimizer=cfg.optimizer,
             momentum=cfg.momentum, threads=cfg.threads,
             split_points=tuple(split_points or cfg.split_points or ()) or None,
+            precision=cfg.precision, channels_last=cfg.channels_last, compile=cfg.compile,
         )
 
     @property
@@ -77,6 +82,7 @@ class Plan:
             stages_per_worker=self.stages_per_worker, bucket_mb=self.bucket_mb, average_every=self.average_every,
             recompute=self.recompute, optimizer=self.optimizer, momentum=self.momentum if self.optimizer == "sgd" else 0.9,
             threads=self.threads, split_points=list(self.split_points) if self.split_points else None,
+            precision=self.precision, channels_last=self.channels_last, compile=self.compile,
         )
 
     def batch_sizes(self) -> tuple[float, float]:
@@ -95,6 +101,9 @@ class Plan:
         parts += [OPTIONS[option][1](getattr(self, option)) for option in self.spec.options]
         if self.recompute:
             parts.append("recompute")
+        parts += [self.precision] if self.precision != "fp32" else []
+        parts += ["channels-last"] if self.channels_last else []
+        parts += ["compiled"] if self.compile else []
         return " ".join(parts)
 
 
@@ -140,10 +149,12 @@ _FAMILY_ORDER = {"serial": 0, "data": 0, "shared": 0, "pipeline": 1, "hybrid": 2
 
 
 def candidate_plans(workers: int, batch_size: int, optimizer: str = "sgd", momentum: float = 0.9,
-                    threads: int | None = None) -> list[Plan]:
+                    threads: int | None = None, run_options: dict | None = None) -> list[Plan]:
     """Every strategy's variants (``StrategySpec.variants``) for ``workers`` and global
-    ``batch_size``, valid or not (``check_plan`` says which cannot run)."""
-    common = dict(workers=workers, batch_size=batch_size, optimizer=optimizer, momentum=momentum, threads=threads)
+    ``batch_size``, valid or not (``check_plan`` says which cannot run), with ``run_options``
+    (precision, channels_last, compile: ``ModelProfile.run_options``) as asked, never others."""
+    common = dict(workers=workers, batch_size=batch_size, optimizer=optimizer, momentum=momentum, threads=threads,
+                  **(run_options or {}))
     plans = [Plan(name, **variant, **common) for name, spec in SPECS.items() for variant in spec.variants(workers)]
     return sorted(plans, key=lambda p: (_FAMILY_ORDER[p.kind], p.microbatches if p.kind == "pipeline" else 0))
 
@@ -155,7 +166,7 @@ def enumerate_plans(profile: ModelProfile, workers: int, batch_size: int, optimi
     ``with_invalid`` every candidate with the reason it cannot (None when it can). Small
     gradient buckets are left out when the gradients fit one of them anyway."""
     candidates = [
-        plan for plan in candidate_plans(workers, batch_size, optimizer, momentum, threads)
+        plan for plan in candidate_plans(workers, batch_size, optimizer, momentum, threads, profile.run_options())
         if not ("bucket_mb" in plan.spec.options and plan.bucket_mb < 25 and profile.param_bytes <= plan.bucket_mb * MB)
     ]
     checked = [(plan, check_plan(profile, plan, hardware)) for plan in candidates]

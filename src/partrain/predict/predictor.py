@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from partrain.errors import PartrainError
 from partrain.predict import compute
 from partrain.predict.data_parallel import _data_parallel
 from partrain.predict.memory import (
@@ -50,15 +51,27 @@ def _serial(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Predictio
 
 
 def predict_plan(profile: ModelProfile, hardware: HardwareProfile, plan: Plan) -> Prediction:
-    """Seconds per step and epoch, peak memory per worker and the time breakdown of ``plan``."""
+    """Seconds per step and epoch, peak memory per worker and the time breakdown of ``plan``.
+    Refused when the profile was taken with other numerics than the plan runs with: a bf16
+    plan is never predicted from an fp32 profile, nor the other way round."""
+    asked = {"precision": plan.precision, "channels_last": plan.channels_last, "compile": plan.compile}
+    if asked != profile.run_options():
+        raise PartrainError(f"the {profile.model} profile was taken with {profile.run_options()}, the plan runs with "
+                            f"{asked}: profile with the plan's --precision/--channels-last/--compile")
     cost = plan.spec.cost  # the strategy's cost model, as its StrategySpec names it
+    env = environment(hardware, plan)
+    threads = env.threads
+    hardware, sharing = compute.with_model_sharing(profile, hardware, threads, env.local_workers)  # the model's own
     if cost == "serial":
         pred = _serial(profile, hardware, plan)
     elif cost == "pipeline":
         pred = _pipeline(profile, hardware, plan)
     else:
         pred = _data_parallel(profile, hardware, plan)
-    threads = environment(hardware, plan).threads
+    env = environment(hardware, plan)
+    if env.local_workers > 1:  # where the factor that slows co-located workers came from
+        note = f"compute of {env.local_workers} workers side by side: {env.sharing_slowdown(env.local_workers):.2f}x ({sharing})"
+        pred = dataclasses.replace(pred, notes=(*pred.notes, note))
     if threads != profile.threads:
         note = f"model profiled with {profile.threads} threads per worker, plan runs {threads}"
         pred = dataclasses.replace(pred, notes=(*pred.notes, note))

@@ -165,7 +165,7 @@ class ModelProfile(JsonProfile):
     threads: int
     fingerprint: str
     input_shape: list[int]
-    input_bytes: int  # one float32 sample
+    input_bytes: int  # one sample at its own element size (int64 token ids: 8 bytes each)
     train_samples: int  # samples in the train split as loaded (an epoch's worth)
     blocks: list[BlockProfile]
     loss_s: list[float]  # cross-entropy forward + backward
@@ -182,6 +182,32 @@ class ModelProfile(JsonProfile):
     options: dict = field(default_factory=dict)
     world_of_one_s: dict[str, float] = field(default_factory=dict)  # step of partrain's training loop, per strategy
     world_of_one_batch: int = 0  # the batch size world_of_one_s ran at
+    # what the profile ran on and with (profile.numerics): a prediction is made only from a
+    # profile at the precision and options the plan runs with, on the device it runs on
+    device: str = "cpu"  # "cpu", or the GPU's name (torch.cuda.get_device_name)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast)
+    channels_last: bool = False
+    compile: bool = False
+    # on a GPU the memory figures above are the CUDA caching allocator's (allocated bytes, what
+    # train reports as its peak); these are its reserved peaks, one per batch size
+    train_peak_reserved_bytes: list[int] = field(default_factory=list)
+    # on a GPU: partrain's serial training loop, seconds per step at each batch size as train
+    # reports it (the median after warm-up), run for the allocator peaks anyway; empty on CPU
+    loop_s: list[float] = field(default_factory=list)
+
+    # k workers side by side -> this model's forward + backward time over its time alone, measured
+    # by profile.sharing at sharing_batch rows with the profile's threads (empty: not measured;
+    # the predictor falls back to the hardware profile's probe)
+    compute_sharing: dict[int, float] = field(default_factory=dict)
+    sharing_batch: int = 0
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device != "cpu"
+
+    def run_options(self) -> dict:
+        """The options a plan must run with to be predicted from this profile."""
+        return {"precision": self.precision, "channels_last": self.channels_last, "compile": self.compile}
 
     def overhead_s(self, strategy: str) -> float:
         """What ``strategy``'s machinery adds to a step on a world of one, over the serial
@@ -201,7 +227,8 @@ class ModelProfile(JsonProfile):
     def from_dict(cls, d: dict) -> ModelProfile:
         blocks = [BlockProfile(**b) for b in d["blocks"]]
         known = {f.name for f in fields(cls)}  # profiles saved by earlier versions may carry retired keys
-        return cls(**{**{k: v for k, v in d.items() if k in known}, "blocks": blocks})
+        sharing = {int(k): float(v) for k, v in d.get("compute_sharing", {}).items()}  # JSON keys are strings
+        return cls(**{**{k: v for k, v in d.items() if k in known}, "blocks": blocks, "compute_sharing": sharing})
 
 
 def busy_warning(profile: ModelProfile, threshold: float = 0.1) -> str | None:

@@ -4,6 +4,10 @@ Profiles are JSON files in the profile directory (``--profile-dir``, else
 ``$PARTRAIN_PROFILE_DIR``, else ``~/.partrain/profiles``), named by everything that keys them
 and by the hardware fingerprint, so that a profile taken on other hardware is never reused
 by mistake. A missing one is measured (``profile.model``, ``profile.hardware``) and saved.
+
+A model profile's key also holds the device and numerics it was taken with (``RunOptions``):
+a GPU profile, a bf16 one, a channels-last or compiled one each have a file of their own.
+The CPU fp32 eager profile keeps the name it always had, so existing caches stay valid.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from partrain.errors import PartrainError
@@ -45,11 +50,23 @@ def profile_threads(threads: int) -> int:
     return min(threads, os.cpu_count() or 1)
 
 
-def hardware_path(directory: Path, workers: int, nodes: int = 1) -> Path:
+def hardware_path(directory: Path, workers: int, nodes: int = 1, backend: str | None = None,
+                  link_mbit: float | None = None) -> Path:
     """Where the profile of ``workers`` workers is cached: over several nodes a file of its own
-    (the same machine's local profile of as many workers measured no link between nodes)."""
+    (the same machine's local profile of as many workers measured no link between nodes), one
+    of its own for gloo on a GPU machine (CPU workers there: ``--device cpu``), and one per
+    rate of an emulated link between nodes (``bench.nodes``)."""
     across = f"-n{nodes}" if nodes > 1 else ""
-    return directory / f"hardware-w{workers}{across}-{fingerprint()}.json"
+    other = f"-{backend}" if backend not in (None, machine().backend) else ""
+    link = f"-l{link_mbit:g}mbit" if link_mbit else ""
+    return directory / f"hardware-w{workers}{across}{other}{link}-{fingerprint()}.json"
+
+
+def hardware_across(workers: int, nodes: int, link_mbit: float, directory=None) -> HardwareProfile | None:
+    """The hardware profile measured across ``nodes`` emulated nodes joined by a ``link_mbit``
+    link (``bench`` keeps one per placement and rate); None when none was measured."""
+    path = hardware_path(profile_dir(directory), workers, nodes, link_mbit=link_mbit)
+    return HardwareProfile.load(path) if path.is_file() else None
 
 
 def _problem(err: PartrainError) -> str:
@@ -57,24 +74,69 @@ def _problem(err: PartrainError) -> str:
     return str(err).removesuffix(": delete it or profile again")
 
 
-def local_hardware() -> HardwareProfile:
-    """This machine without collective timings: enough for one worker, which communicates nothing."""
+@dataclass(frozen=True)
+class RunOptions:
+    """The device and numerics a model profile is taken with, as the run will train: ``device``
+    "cpu" or "cuda" (None: the GPU when there is one, as ``train`` picks it)."""
+
+    device: str | None = None
+    precision: str = "fp32"
+    channels_last: bool = False
+    compile: bool = False
+
+    @property
+    def device_kind(self) -> str:
+        return self.device or ("cuda" if machine().gpu_count else "cpu")
+
+    def suffix(self) -> str:
+        """The part of a profile's file name they add: nothing for CPU, fp32, eager."""
+        parts = ["cuda"] if self.device_kind == "cuda" else []
+        parts += [self.precision] if self.precision != "fp32" else []
+        parts += ["cl"] if self.channels_last else []
+        parts += ["compile"] if self.compile else []
+        return "".join(f"-{p}" for p in parts)
+
+    def matches(self, profile: ModelProfile) -> bool:
+        return (profile.on_gpu == (self.device_kind == "cuda") and profile.precision == self.precision
+                and profile.channels_last == self.channels_last and profile.compile == self.compile)
+
+    @classmethod
+    def from_args(cls, args) -> RunOptions:
+        """From a command's parsed ``--device``, ``--precision``, ``--channels-last``, ``--compile``."""
+        return cls(getattr(args, "device", None), getattr(args, "precision", "fp32"),
+                   bool(getattr(args, "channels_last", False)), bool(getattr(args, "compile", False)))
+
+
+def local_hardware(device: str | None = None) -> HardwareProfile:
+    """This machine without collective timings: enough for one worker, which communicates
+    nothing. Training on the GPU, a worker's memory is the GPU's, not the host's RAM."""
     here = machine()
-    cuda = here.gpu_count > 0
-    return HardwareProfile(here.hash, here.describe(), here.backend, 1, 1, here.cpu_cores,
-                           here.memory_gib * 2**30, shared_memory=not cuda, source="local, no collectives measured")
+    cuda = RunOptions(device).device_kind == "cuda"
+    if cuda and not here.gpu_count:
+        raise PartrainError("--device cuda, but torch sees no GPU here: use --device cpu, or run on the GPU machine")
+    memory = here.gpu_memory_bytes if cuda else here.memory_gib * 2**30
+    return HardwareProfile(here.hash, here.describe(), "nccl" if cuda else "gloo", 1, 1, here.cpu_cores,
+                           memory, shared_memory=not cuda, source="local, no collectives measured")
 
 
-def hardware_for(workers: int, directory=None, refresh: bool = False) -> tuple[HardwareProfile, Path | None, bool]:
+def hardware_for(workers: int, directory=None, refresh: bool = False,
+                 device: str | None = None) -> tuple[HardwareProfile, Path | None, bool]:
     """This machine's hardware profile for ``workers`` local workers: (profile, path, reused).
 
     One worker needs none. Otherwise the cached profile measured with ``workers`` workers,
     or a new measurement, saved: with as many processes sharing the cores as the job will
-    have, collectives cost what they will cost in it.
+    have, collectives cost what they will cost in it. On GPUs (NCCL) one worker per GPU:
+    more workers than GPUs are a cluster file's to describe.
     """
     if workers <= 1:
-        return local_hardware(), None, True
-    path = hardware_path(profile_dir(directory), workers)
+        return local_hardware(device), None, True
+    gpus = machine().gpu_count
+    if RunOptions(device).device_kind == "cuda" and workers > gpus:
+        raise PartrainError(f"{workers} GPU workers, but this machine has {gpus} GPU{'s' * (gpus != 1)}: describe the "
+                            "GPUs you will train on with --cluster (e.g. examples/cluster-8xh100.toml), or predict for "
+                            "CPU workers with --device cpu")
+    backend = "gloo" if RunOptions(device).device_kind == "cpu" else None  # None: NCCL on GPUs, else gloo
+    path = hardware_path(profile_dir(directory), workers, backend=backend)
     if path.is_file() and not refresh:
         try:
             return HardwareProfile.load(path), path, True
@@ -82,33 +144,41 @@ def hardware_for(workers: int, directory=None, refresh: bool = False) -> tuple[H
             print(f"partrain: {_problem(err)}: measuring it again", file=sys.stderr)
     from partrain.profile.hardware import profile_hardware
 
-    profile = profile_hardware(workers)
+    profile = profile_hardware(workers, backend=backend)
     return profile, profile.save(path), False
 
 
 def profile_path(directory: Path, model: str, dataset: str, batch_sizes: list[int], threads: int,
-                 synthetic: bool = False, options: dict | None = None) -> Path:
-    """The cache file of a profile: every part of the key is in the name."""
+                 synthetic: bool = False, options: dict | None = None, run: RunOptions = RunOptions()) -> Path:
+    """The cache file of a profile: every part of the key is in the name (the device and
+    numerics only when they are not CPU, fp32, eager: such files kept their old names)."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
     extra = "".join(f"-{k}={v}" for k, v in sorted((options or {}).items()))
     data = f"{dataset}-synthetic" if synthetic else dataset
     sizes = "_".join(map(str, sorted(set(batch_sizes))))
-    return directory / f"model-{slug}{extra}-{data}-b{sizes}-t{threads}-{fingerprint()}.json"
+    return directory / f"model-{slug}{extra}-{data}-b{sizes}-t{threads}{run.suffix()}-{fingerprint()}.json"
 
 
 def load_or_profile(model: str, dataset: str, batch_sizes: list[int], threads: int = 1, directory=None, data_dir=None,
-                    synthetic: bool = False, options: dict | None = None, refresh: bool = False) -> tuple[ModelProfile, Path, bool]:
+                    synthetic: bool = False, options: dict | None = None, refresh: bool = False,
+                    run: RunOptions = RunOptions()) -> tuple[ModelProfile, Path, bool]:
     """The cached profile for this key, or a new one saved there. Returns (profile, path, reused)."""
-    path = profile_path(profile_dir(directory), model, dataset, batch_sizes, threads, synthetic, options)
+    path = profile_path(profile_dir(directory), model, dataset, batch_sizes, threads, synthetic, options, run)
     if path.is_file() and not refresh:
         try:
-            return ModelProfile.load(path), path, True
+            profile = ModelProfile.load(path)
+            if run.matches(profile):
+                return profile, path, True
+            print(f"partrain: {path} was taken on {profile.device} at {profile.precision}, not as asked: measuring it again",
+                  file=sys.stderr)
         except PartrainError as err:  # edited, failing validation, or written by another partrain version
             print(f"partrain: {_problem(err)}: measuring it again", file=sys.stderr)
     from partrain.profile.model import profile_model
 
     for attempt in range(BUSY_ATTEMPTS):
-        profile = profile_model(model, dataset, batch_sizes, threads, data_dir, synthetic, options)
+        profile = profile_model(model, dataset, batch_sizes, threads, data_dir, synthetic, options,
+                                device=run.device_kind, precision=run.precision, channels_last=run.channels_last,
+                                compile=run.compile)
         if profile.other_load < BUSY_SHARE:
             profile.save(path)
             return profile, path, False

@@ -69,16 +69,32 @@ def _ping_pong(nbytes: int, a: int, b: int, device):
     return run
 
 
+def _backend_device() -> torch.device:
+    """Where the default group's tensors live: NCCL reduces CUDA tensors only (the worker's
+    GPU, set when it joined the group), gloo CPU ones."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for the GPU's queued work (NCCL collectives return before they finish); nothing on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _timed(run, repeats: int, trials: int = 3) -> float:
-    """Median over ``trials`` of the slowest rank's mean seconds per call."""
+    """Median over ``trials`` of the slowest rank's mean seconds per call (on a GPU until the
+    queued collectives have finished, not only been launched)."""
+    device = _backend_device()
     run()  # warm-up: connections, buffers
     out = []
     for _ in range(trials):
+        _sync(device)
         dist.barrier()
         start = time.perf_counter()
         for _ in range(repeats):
             run()
-        elapsed = torch.tensor([(time.perf_counter() - start) / repeats], dtype=torch.float64)
+        _sync(device)
+        elapsed = torch.tensor([(time.perf_counter() - start) / repeats], dtype=torch.float64, device=device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         out.append(elapsed.item())
     return statistics.median(out)
@@ -91,7 +107,7 @@ def _supported(run) -> bool:
         ok = 1
     except (RuntimeError, NotImplementedError):  # e.g. a backend without reduce-scatter
         ok = 0
-    flag = torch.tensor([ok])
+    flag = torch.tensor([ok], device=_backend_device())
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
 

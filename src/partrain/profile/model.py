@@ -19,6 +19,12 @@ training loop per strategy on a world of one at the smallest batch size (``world
 what DDP and the averager cost beyond the serial loop, measured rather than modelled), and
 half as many steps of the bare model against the same model inside a hybrid's replica wrapper
 (``replica_wrapper_s``).
+
+On a GPU (``--device cuda``, the default where CUDA is) the same measurements are taken on the
+GPU, timed with CUDA events (``timing.Stopwatch``), under the run's autocast precision and
+memory format (``profile.numerics``); the memory probe reads the CUDA caching allocator
+instead of the resident set, and also times partrain's serial loop at every profiled batch
+size (``ModelProfile.loop_s``), since the allocator peaks need those runs anyway.
 """
 
 from __future__ import annotations
@@ -39,8 +45,23 @@ from partrain.errors import PartrainError
 from partrain.models import build_model, model_blocks
 from partrain.predict.machine import fingerprint
 from partrain.predict.profiles import BlockProfile, ModelProfile
+from partrain.profile import outputs
+from partrain.profile.numerics import (
+    autocast,
+    device_name,
+    place,
+    place_input,
+    resolve_device,
+)
 from partrain.profile.probe import measure_memory, world_of_one_steps
-from partrain.profile.timing import median_times, timed
+from partrain.profile.sharing import profile_sharing, start_corunners
+from partrain.profile.timing import (
+    CUDA_TARGET_S,
+    TARGET_S,
+    Stopwatch,
+    median_times,
+    timed,
+)
 from partrain.progress import phase
 from partrain.strategies.base import (
     loss_fn,  # class or per-token cross-entropy, as training scores it
@@ -58,8 +79,10 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
     return s.data_ptr(), s.nbytes()
 
 
-def _inspect_block(block: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int, bool, bool, int]:
-    """One instrumented forward + backward: (output, saved bytes, saves input, saves output, FLOPs)."""
+def _inspect_block(block: nn.Module, x, amp) -> tuple[torch.Tensor, int, bool, bool, int]:
+    """One instrumented forward (under ``amp``, the run's autocast) + backward: (output, saved
+    bytes, saves input, saves output, FLOPs). Under autocast the saved tensors include the
+    weights' bf16/fp16 copies: memory the step really holds."""
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor):
@@ -68,37 +91,40 @@ def _inspect_block(block: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int
         return t
 
     with FlopCounterMode(display=False) as flops, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = block(x)
-        out.backward(torch.ones_like(out))
+        with amp():
+            out = block(x)
+        outputs.backward(out)  # a tensor, or a tuple of them (profile.outputs)
     owned = {_storage(t)[0] for t in [*block.parameters(), *block.buffers()]}
-    in_ptr, out_ptr = _storage(x)[0], _storage(out)[0]
-    activations = sum(n for ptr, n in saved.items() if ptr not in owned and ptr not in (in_ptr, out_ptr))
-    saves_output = out_ptr in saved
-    activations += saved[out_ptr] if saves_output else 0
-    return out.detach(), activations, in_ptr in saved, saves_output, flops.get_total_flops()
+    in_ptrs, out_ptrs = {_storage(t)[0] for t in outputs.tensors(x)}, {_storage(t)[0] for t in outputs.tensors(out)}
+    activations = sum(n for ptr, n in saved.items() if ptr not in owned and ptr not in in_ptrs | out_ptrs)
+    saves_output = any(ptr in saved for ptr in out_ptrs)
+    activations += sum(saved[ptr] for ptr in out_ptrs if ptr in saved)
+    return (outputs.detached(out, False), activations, any(ptr in saved for ptr in in_ptrs), saves_output,
+            flops.get_total_flops())
 
 
-def _time_block(block: nn.Module, x: torch.Tensor, needs_grad: bool) -> list[float]:
+def _time_block(block: nn.Module, x, needs_grad: bool, watch: Stopwatch, amp) -> list[float]:
     """Median [forward, backward] seconds of ``block`` on ``x``, with fresh gradients each time
-    (the training loop zeroes them to None every step). No warm-up of its own: the caller has
-    just run the block forward and backward once to count its FLOPs and saved bytes."""
+    (the training loop zeroes them to None every step), on ``watch``'s device. No warm-up of
+    its own: the caller has just run the block forward and backward once to count its FLOPs
+    and saved bytes."""
     grad = None
 
     def run() -> tuple[float, float]:
         nonlocal grad
         block.zero_grad(set_to_none=True)
-        inp = x.detach().requires_grad_(needs_grad)
-        start = time.perf_counter()
-        out = block(inp)
-        mid = time.perf_counter()
-        grad = torch.ones_like(out) if grad is None else grad
-        out.backward(grad)
-        return mid - start, time.perf_counter() - mid
+        inp = outputs.detached(x, needs_grad)
+        watch.start()
+        with amp():
+            out = block(inp)
+        watch.mark()
+        grad = outputs.backward(out, grad)
+        return watch.laps()
 
-    return median_times(run, warm_up=False)
+    return median_times(run, warm_up=False, target_s=CUDA_TARGET_S if watch.cuda else TARGET_S)
 
 
-def _time_optimizer(params: list[nn.Parameter], kind: str) -> float:
+def _time_optimizer(params: list[nn.Parameter], kind: str, device: torch.device) -> float:
     """Median seconds of one ``kind`` optimizer step over ``params``, each on fresh gradients
     (as after a backward: newly written memory, not the cache-warm tensors of the last step)."""
     if not params:
@@ -108,12 +134,14 @@ def _time_optimizer(params: list[nn.Parameter], kind: str) -> float:
     else:
         opt = torch.optim.SGD(params, lr=1e-12, momentum=0.9 if kind == "sgd-momentum" else 0.0)
 
+    watch = Stopwatch(device)
+
     def run() -> tuple[float]:
         for p in params:
             p.grad = torch.ones_like(p)
-        start = time.perf_counter()
+        watch.start()
         opt.step()
-        return (time.perf_counter() - start,)
+        return watch.laps()
 
     # the warm-up step allocates the optimizer state; a median of at most OPTIMIZER_REPEATS
     # steps (a few percent of a training step) is plenty
@@ -123,27 +151,38 @@ def _time_optimizer(params: list[nn.Parameter], kind: str) -> float:
     return seconds
 
 
-def _profile_blocks(blocks: list[nn.Module], x: torch.Tensor) -> list[dict]:
+def _profile_blocks(blocks: list[nn.Module], x, watch: Stopwatch, amp) -> list[dict]:
     """Per block at one batch size: times, bytes and FLOPs, each block fed the previous one's output."""
     rows = []
     for i, block in enumerate(blocks):
         needs_grad = i > 0  # the data does not need a gradient: block 0 skips its input gradient
-        out, saved, saves_in, saves_out, flops = _inspect_block(block, x.detach().requires_grad_(needs_grad))
-        fwd, bwd = _time_block(block, x, needs_grad)
-        rows.append({"fwd_s": fwd, "bwd_s": bwd, "out_bytes": out.numel() * out.element_size(),
+        out, saved, saves_in, saves_out, flops = _inspect_block(block, outputs.detached(x, needs_grad), amp)
+        fwd, bwd = _time_block(block, x, needs_grad, watch, amp)
+        rows.append({"fwd_s": fwd, "bwd_s": bwd, "out_bytes": outputs.nbytes(out),
                      "saved_bytes": saved, "saves_input": saves_in, "saves_output": saves_out, "flops": flops})
         block.zero_grad(set_to_none=True)
         x = out
     return rows
 
 
-def _time_loss_and_data(model: nn.Module, train_set, batch: int) -> dict[str, float]:
-    """The loss's forward + backward on the model's logits, and loading a batch of random rows."""
+def _time_loss_and_data(model: nn.Module, train_set, batch: int, device: torch.device, amp,
+                        channels_last: bool) -> dict[str, float]:
+    """The loss's forward + backward on the model's logits, and loading a batch of random rows
+    onto the device (on a GPU: indexing the host copy and the copy over)."""
     n = len(train_set)
     x, y = train_set.get(torch.randint(0, n, (batch,)))
-    logits = model(x).detach().requires_grad_()
-    loss = median_times(timed(lambda: loss_fn(logits, y).backward()))[0]
-    data = median_times(timed(lambda: train_set.get(torch.randint(0, n, (batch,)))))[0]
+    x, y = place_input(x, device, channels_last), y.to(device)
+    with amp():
+        logits = model(x).detach().requires_grad_()
+
+    def loss_step() -> None:
+        with amp():
+            loss = loss_fn(logits, y)
+        loss.backward()
+
+    loss = median_times(timed(loss_step, device))[0]
+    data = median_times(timed(lambda: place_input(train_set.get(torch.randint(0, n, (batch,)))[0], device, channels_last),
+                              device))[0]
     return {"loss_s": loss, "data_s": data}
 
 
@@ -164,11 +203,16 @@ def _others_share(before: tuple[float, float], after: tuple[float, float], wall:
 
 
 def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int = 1, data_dir=None,
-                  synthetic: bool = False, options: dict | None = None, seed: int = 0) -> ModelProfile:
-    """Measure ``model`` on ``dataset`` at each batch size with ``threads`` intra-op threads."""
+                  synthetic: bool = False, options: dict | None = None, seed: int = 0, device: str | None = None,
+                  precision: str = "fp32", channels_last: bool = False, compile: bool = False) -> ModelProfile:
+    """Measure ``model`` on ``dataset`` at each batch size with ``threads`` intra-op threads, on
+    ``device`` (default: the GPU when there is one) at ``precision`` and memory format. The
+    blocks run eagerly even with ``compile``: the memory probe's loop runs compiled."""
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise PartrainError(f"--batch-sizes must be positive integers, got {batch_sizes}")
     batch_sizes, options = sorted(set(batch_sizes)), options or {}
+    dev = resolve_device(device)
+    amp, watch = (lambda: autocast(dev, precision)), Stopwatch(dev)
     started, saved_threads, load_before = time.perf_counter(), torch.get_num_threads(), _cpu_seconds()
     keep_freed_memory()  # the allocator a training worker runs with
     torch.set_num_threads(threads)
@@ -176,37 +220,62 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         train_set = load_dataset(dataset, "train", data_dir=data_dir, synthetic=synthetic, seed=seed)
         spec = train_set.spec
         torch.manual_seed(seed)
-        net = build_model(model, spec.input_shape, spec.num_classes, **options)
+        net = place(build_model(model, spec.input_shape, spec.num_classes, **options), dev, channels_last)
         blocks = model_blocks(net)
         per_batch = []
         for i, b in enumerate(batch_sizes):
             phase(f"profile {model}", f"timing {len(blocks)} blocks forward and backward at batch {b} ({i + 1} of {len(batch_sizes)})")
-            x = train_set.get(torch.arange(b) % len(train_set))[0]
-            per_batch.append((_profile_blocks(blocks, x), _time_loss_and_data(net, train_set, b)))
+            x = place_input(train_set.get(torch.arange(b) % len(train_set))[0], dev, channels_last)
+            per_batch.append((_profile_blocks(blocks, x, watch, amp),
+                              _time_loss_and_data(net, train_set, b, dev, amp, channels_last)))
         block_profiles = [
-            _block_profile(_name_of(net, blk), blk, [rows[i] for rows, _ in per_batch]) for i, blk in enumerate(blocks)
+            _block_profile(_name_of(net, blk), blk, [rows[i] for rows, _ in per_batch], dev) for i, blk in enumerate(blocks)
         ]
         params = [p for p in net.parameters() if p.requires_grad]
         phase(f"profile {model}", "timing the optimizer steps")
-        optimizer_s = {kind: _time_optimizer(params, kind) for kind in OPTIMIZERS}
+        optimizer_s = {kind: _time_optimizer(params, kind, dev) for kind in OPTIMIZERS}
     finally:
         torch.set_num_threads(saved_threads)
+    if dev.type == "cuda":  # the probe process measures its own allocator: give it the memory back
+        del net, blocks, params
+        torch.cuda.empty_cache()
     others = _others_share(load_before, _cpu_seconds(), time.perf_counter() - started)
     first = per_batch[0]  # the smallest batch size: the world-of-one runs' estimated step sets their length
     step_s = sum(r["fwd_s"] + r["bwd_s"] for r in first[0]) + sum(first[1].values()) + optimizer_s["sgd-momentum"]
-    phase(f"profile {model}", "memory and the training loop of serial, DDP and local SGD on a world of one (a fresh process)")
-    memory = measure_memory(model, dataset, spec.input_shape, spec.num_classes, batch_sizes, threads, data_dir, synthetic,
-                            options, world_of_one_steps(step_s))
+    sharing_batch = batch_sizes[len(batch_sizes) // 2]  # the middle profiled size (profile.sharing)
+    # CPU workers share a node's cores: the sharing probe's co-runners start now, beside the memory
+    # probe's start-up (GPU workers each have their own device: nothing to measure)
+    corunners = start_corunners(dict(model=model, dataset=dataset, input_shape=list(spec.input_shape),
+                                     num_classes=spec.num_classes, threads=threads, data_dir=None if data_dir is None
+                                     else str(data_dir), synthetic=synthetic, options=options, seed=seed),
+                                sharing_batch) if dev.type == "cpu" else None
+    try:
+        phase(f"profile {model}", "memory and the training loop of serial, DDP and local SGD on a world of one (a fresh process)")
+        memory = measure_memory(model, dataset, spec.input_shape, spec.num_classes, batch_sizes, threads, data_dir, synthetic,
+                                options, world_of_one_steps(step_s), step_s=step_s,
+                                run={"device": dev.type, "precision": precision, "channels_last": channels_last,
+                                     "compile": compile})
+        sharing = {}
+        if corunners is not None:
+            phase(f"profile {model}", f"its compute with 2..{corunners.n + 1} workers side by side (fresh processes)")
+            torch.set_num_threads(threads)
+            sharing = profile_sharing(net, train_set, sharing_batch, corunners)
+    finally:
+        torch.set_num_threads(saved_threads)
+        if corunners is not None:
+            corunners.close()
     whole = {key: [w[key] for _, w in per_batch] for key in per_batch[0][1]}
     return ModelProfile(
         model=model, dataset=dataset, synthetic=synthetic, batch_sizes=batch_sizes, threads=threads,
         fingerprint=fingerprint().hash, input_shape=list(spec.input_shape),
-        input_bytes=4 * int(torch.tensor(spec.input_shape).prod()), train_samples=len(train_set),
+        input_bytes=outputs.nbytes(train_set.get(torch.arange(1))[0]), train_samples=len(train_set),  # int64 ids: 8 each
         blocks=block_profiles, loss_s=whole["loss_s"], data_s=whole["data_s"],
         optimizer_s=optimizer_s, baseline_rss_bytes=memory["rss"], baseline_peak_rss_bytes=memory["peak"],
         train_peak_rss_bytes=memory["train_peaks"], replica_wrapper_s=memory["replica_wrapper"], profile_seconds=time.perf_counter() - started,
         other_load=others, options=options, world_of_one_s=memory["world_of_one"],
-        world_of_one_batch=min(batch_sizes),
+        world_of_one_batch=min(batch_sizes), device=device_name(dev), precision=precision,
+        channels_last=channels_last, compile=compile, train_peak_reserved_bytes=memory.get("train_peaks_reserved", []),
+        loop_s=memory.get("loop", []), compute_sharing=sharing, sharing_batch=sharing_batch,
     )
 
 
@@ -214,7 +283,7 @@ def _name_of(model: nn.Module, block: nn.Module) -> str:
     return next((name for name, m in model.named_modules() if m is block), "") or type(block).__name__
 
 
-def _block_profile(name: str, block: nn.Module, rows: list[dict]) -> BlockProfile:
+def _block_profile(name: str, block: nn.Module, rows: list[dict], device: torch.device) -> BlockProfile:
     params = [p for p in block.parameters()]
     return BlockProfile(
         name=name,
@@ -229,5 +298,5 @@ def _block_profile(name: str, block: nn.Module, rows: list[dict]) -> BlockProfil
         saves_input=rows[0]["saves_input"],
         saves_output=rows[0]["saves_output"],
         flops=[r["flops"] for r in rows],
-        optimizer_s={kind: _time_optimizer([p for p in params if p.requires_grad], kind) for kind in OPTIMIZERS},
+        optimizer_s={kind: _time_optimizer([p for p in params if p.requires_grad], kind, device) for kind in OPTIMIZERS},
     )

@@ -2,15 +2,21 @@
 fresh process can show (its resident memory after set-up and after a few steps) and what
 partrain's own loop costs on a world of one, per strategy, and inside a hybrid's replica
 wrapper. ``profile.model`` starts it (``measure_memory``) and folds its figures into the profile.
+
+On a GPU (``cuda_probe``) the memory is the CUDA caching allocator's: the bytes the model's
+parameters and buffers take once placed, and the peaks (allocated, what ``train`` reports, and
+reserved) of partrain's own serial loop at every profiled batch size, whose step times are kept
+too (``loop``): on a GPU the whole loop, data path and launch overlap included, is the better
+measurement of a serial step than the sum of separately synchronised blocks.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,7 +32,8 @@ from partrain.distributed.launch import (
 from partrain.distributed.spawn import child_env, python_command
 from partrain.errors import PartrainError
 from partrain.models import build_model
-from partrain.profile.timing import lower_half_median
+from partrain.profile.numerics import autocast, place, place_input
+from partrain.profile.timing import Stopwatch, lower_half_median
 from partrain.spec import SPECS
 from partrain.strategies.base import (
     loss_fn,  # class or per-token cross-entropy, as training scores it
@@ -48,20 +55,29 @@ def baseline_probe() -> None:
     args = json.loads(sys.argv[1])
     import partrain.runner  # noqa: F401  (a worker imports the training machinery)
 
+    if args["run"]["device"] == "cuda":
+        print(json.dumps(cuda_probe(args)))
+        return
+
     keep_freed_memory()  # as a training worker does
     torch.set_num_threads(args["threads"])
     data = dict(data_dir=args["data_dir"], synthetic=args["synthetic"])
     train_set = load_dataset(args["dataset"], "train", **data)
     load_dataset(args["dataset"], "test", **data)
-    net = build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"])
+    run, cpu = args["run"], torch.device("cpu")
+    net = place(build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"]), cpu,
+                run["channels_last"])
     torch.ones(64, 64) @ torch.ones(64, 64)  # start the intra-op thread pool
     out = {"rss": _status_bytes("VmRSS"), "peak": _status_bytes("VmHWM"), "train_peaks": []}
     opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
     for b in sorted(args["batch_sizes"]):
         x, y = train_set.get(torch.arange(b) % len(train_set))
+        x = place_input(x, cpu, run["channels_last"])
         for _ in range(2):  # the first step allocates the momentum, the second runs with it
             opt.zero_grad(set_to_none=True)
-            loss_fn(net(x), y).backward()
+            with autocast(cpu, run["precision"]):
+                loss = loss_fn(net(x), y)
+            loss.backward()
             opt.step()
         out["train_peaks"].append(_status_bytes("VmHWM"))
     steps = args["world_of_one_steps"]
@@ -72,6 +88,71 @@ def baseline_probe() -> None:
 
 
 WORLD_OF_ONE = tuple(name for name, spec in SPECS.items() if spec.world_of_one_probe)
+# on a GPU the first steps pick cuDNN algorithms (and compile, with --compile), and a loop that
+# does not synchronise every step only shows the GPU's pace once the launch queue is full:
+# 20 to 100 steps, about 0.3 s, of which train's own summary (the median after its warm-up
+# steps) is what ``partrain train`` reports and what the serial prediction is there
+CUDA_TARGET_S, CUDA_MIN_STEPS, CUDA_MAX_STEPS = 0.3, 20, 100
+
+
+def cuda_steps(step_s: float) -> int:
+    """Measured steps of a GPU loop for a step of about ``step_s``."""
+    return min(CUDA_MAX_STEPS, max(CUDA_MIN_STEPS, round(CUDA_TARGET_S / max(step_s, 1e-9))))
+
+
+def cuda_probe(args: dict) -> dict:
+    """The probe's figures on a GPU, from the CUDA caching allocator and partrain's own loop.
+
+    "rss"/"peak": bytes allocated for the model's parameters and buffers on the device;
+    "train_peaks"/"train_peaks_reserved": ``max_memory_allocated``/``max_memory_reserved`` of
+    a serial run (``train.train_worker``) at each batch size, ascending, counted from a reset
+    (what ``partrain train`` reports: data placed on the device included); "loop": its step
+    time at each batch size; "world_of_one": per strategy at the smallest batch (serial is
+    the loop's); "replica_wrapper" as on CPU, on the GPU.
+    """
+    device = torch.device("cuda")
+    run = args["run"]
+    before = torch.cuda.memory_allocated(device)
+    net = place(build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"]), device,
+                run["channels_last"])
+    baseline = torch.cuda.memory_allocated(device) - before
+    del net
+    steps = cuda_steps(args["step_s"])
+    out = {"rss": baseline, "peak": baseline, "train_peaks": [], "train_peaks_reserved": [], "loop": [],
+           "world_of_one": {}, "replica_wrapper": 0.0}
+    for b in sorted(args["batch_sizes"]):
+        ran = _cuda_run(args, "serial", b, steps, device)
+        out["train_peaks"].append(ran["allocated"])
+        out["train_peaks_reserved"].append(ran["reserved"])
+        out["loop"].append(ran["step_s"])
+    if args["world_of_one_steps"]:
+        batch = min(args["batch_sizes"])
+        out["world_of_one"] = {"serial": out["loop"][0]}
+        out["world_of_one"].update({s: _cuda_run(args, s, batch, steps, device)["step_s"] for s in WORLD_OF_ONE if s != "serial"})
+        train_set = load_dataset(args["dataset"], "train", data_dir=args["data_dir"], synthetic=args["synthetic"])
+        x, y = train_set.get(torch.arange(batch) % len(train_set))
+        out["replica_wrapper"] = _time_replica_wrapper(args, x, y, max(2, steps // 2))
+    return out
+
+
+def _cuda_run(args: dict, strategy: str, batch: int, steps: int, device: torch.device) -> dict:
+    """One short run of partrain's loop on a world of one: its step time as ``train`` reports
+    it (``RunResult.summary``: the median after the warm-up steps) and the allocator's peaks
+    since a reset (the previous run's memory given back first)."""
+    from partrain.config import RunConfig
+    from partrain.train import train_worker
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    run = args["run"]
+    cfg = RunConfig(model=args["model"], dataset=args["dataset"], data_dir=args["data_dir"], synthetic=args["synthetic"],
+                    model_options=args["options"], batch_size=batch, steps=steps, evaluate=False,
+                    threads=args["threads"], workers=1, strategy=strategy, precision=run["precision"],
+                    channels_last=run["channels_last"], compile=run["compile"])
+    result = train_worker(cfg, LaunchInfo("none"), show_progress=False)
+    return {"step_s": result.summary()["seconds_per_step"], "allocated": result.peak_memory_bytes,
+            "reserved": torch.cuda.max_memory_reserved(device)}
 # the first step is left out (the median shrugs off a second slow one); the measured ones take
 # about 0.1 s: 2 steps of a big model, up to 64 of a millisecond one, whose overheads are small
 # differences of short steps that a burst of other work can swamp in a few samples
@@ -95,7 +176,8 @@ def _time_world_of_one(args: dict) -> dict[str, float]:
     batch = min(args["batch_sizes"])
     base = dict(model=args["model"], dataset=args["dataset"], data_dir=args["data_dir"], synthetic=args["synthetic"],
                 model_options=args["options"], batch_size=batch, steps=WORLD_OF_ONE_WARMUP + args["world_of_one_steps"],
-                evaluate=False, threads=args["threads"], workers=1)
+                evaluate=False, threads=args["threads"], workers=1,
+                **{k: args["run"][k] for k in ("precision", "channels_last", "compile")})
     out = {}
     for strategy in WORLD_OF_ONE:
         result = train_worker(RunConfig(strategy=strategy, **base), LaunchInfo("none"), show_progress=False)
@@ -115,13 +197,17 @@ def _time_replica_wrapper(args: dict, x: torch.Tensor, y: torch.Tensor, steps: i
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    net, mesh = build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"]), None
-    init_process_group(LaunchInfo("none"), "gloo", timeout_s=300.0)
+    run = args["run"]
+    device = torch.device(run["device"])
+    net = place(build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"]), device,
+                run["channels_last"])
+    x, y, mesh = place_input(x, device, run["channels_last"]), y.to(device), None
+    init_process_group(LaunchInfo("none"), "nccl" if device.type == "cuda" else "gloo", timeout_s=300.0)
     try:
-        bare = _loop_step_s(net, x, y, steps)
-        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "shard"))
+        bare = _loop_step_s(net, x, y, steps, device, run["precision"])
+        mesh = init_device_mesh(device.type, (1, 1), mesh_dim_names=("dp", "shard"))
         fully_shard(net, mesh=mesh, reshard_after_forward=False)
-        return max(0.0, _loop_step_s(net, x, y, steps) - bare)
+        return max(0.0, _loop_step_s(net, x, y, steps, device, run["precision"]) - bare)
     finally:
         # the wrapped module holds the mesh, which holds the group: free them before the group
         # goes (see train.train_worker)
@@ -129,28 +215,36 @@ def _time_replica_wrapper(args: dict, x: torch.Tensor, y: torch.Tensor, steps: i
         leave_process_group()
 
 
-def _loop_step_s(net: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> float:
+def _loop_step_s(net: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, device: torch.device,
+                 precision: str) -> float:
     """A plain SGD-momentum training step of ``net`` on (x, y): the lower of its halves' medians
-    over ``steps`` steps after the warm-up (a fresh optimizer: ``fully_shard`` replaces the parameters)."""
+    over ``steps`` steps after the warm-up (a fresh optimizer: ``fully_shard`` replaces the
+    parameters), timed on ``device`` (``Stopwatch``) at ``precision``."""
     opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
-    samples = []
+    samples, watch = [], Stopwatch(device)
     for _ in range(WORLD_OF_ONE_WARMUP + steps):
-        start = time.perf_counter()
+        watch.start()
         opt.zero_grad(set_to_none=True)
-        loss_fn(net(x), y).backward()
+        with autocast(device, precision):
+            loss = loss_fn(net(x), y)
+        loss.backward()
         opt.step()
-        samples.append(time.perf_counter() - start)
+        samples.append(watch.laps()[0])
     return lower_half_median(samples[WORLD_OF_ONE_WARMUP:])
 
 
 def measure_memory(model: str, dataset: str, input_shape, num_classes: int, batch_sizes: list[int], threads: int,
-                   data_dir, synthetic: bool, options: dict, world_of_one_steps: int = 0) -> dict:
+                   data_dir, synthetic: bool, options: dict, world_of_one_steps: int = 0, run: dict | None = None,
+                   step_s: float = 0.0) -> dict:
     """``baseline_probe``'s figures: {"rss", "peak", "train_peaks" (one per batch size),
     "world_of_one" (step per strategy, the lower of its halves' medians, over ``world_of_one_steps`` steps after warm-up;
-    not measured when 0), "replica_wrapper" (``_time_replica_wrapper``; 0 when not measured)}."""
+    not measured when 0), "replica_wrapper" (``_time_replica_wrapper``; 0 when not measured)}; on a GPU
+    (``run["device"] == "cuda"``) ``cuda_probe``'s, whose loops are sized for a step of about ``step_s``."""
+    run = run or {"device": "cpu", "precision": "fp32", "channels_last": False, "compile": False}
     args = {"model": model, "dataset": dataset, "input_shape": list(input_shape), "num_classes": num_classes,
             "batch_sizes": batch_sizes, "threads": threads, "data_dir": None if data_dir is None else str(data_dir),
-            "synthetic": synthetic, "options": options, "world_of_one_steps": world_of_one_steps}
+            "synthetic": synthetic, "options": options, "world_of_one_steps": world_of_one_steps, "run": run,
+            "step_s": step_s}
     proc = subprocess.run([*python_command(), "-c", "from partrain.profile.probe import baseline_probe; baseline_probe()",
                            json.dumps(args)], capture_output=True, text=True, env=child_env(), timeout=600)
     if proc.returncode != 0:

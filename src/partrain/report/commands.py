@@ -112,9 +112,12 @@ def add_prediction(timeline, cluster: str | None, profile_dir: str | None) -> No
     """The predicted process, from cached profiles or new ones (announced on stderr)."""
     from partrain.predict.cluster import load_cluster
     from partrain.predict.plan import profile_batch_sizes
-    from partrain.profile.cache import hardware_for, load_or_profile
+    from partrain.profile.cache import RunOptions, hardware_for, load_or_profile
     from partrain.report.trace import add_predicted, run_plan
 
+    if timeline.meta.get("engine") == "scratch":
+        timeline.notes.append("a run of the scratch engine: no prediction (the predictor models the PyTorch engine)")
+        return
     plan, cfg = run_plan(timeline.meta)
     if plan is None:
         timeline.notes.append("the run recorded no configuration (events from an older partrain): no prediction")
@@ -128,7 +131,8 @@ def add_prediction(timeline, cluster: str | None, profile_dir: str | None) -> No
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // local)  # what the run's workers used (set_threads)
     print(f"predicting {plan.label()}: the {cfg.model} profile at {threads} thread(s)...", file=sys.stderr)
     profile, _, _ = load_or_profile(cfg.model, cfg.dataset, profile_batch_sizes(plan.batch_sizes()), threads,
-                                    profile_dir, cfg.data_dir, cfg.synthetic, cfg.model_options)
+                                    profile_dir, cfg.data_dir, cfg.synthetic, cfg.model_options,
+                                    run=RunOptions(None, cfg.precision, cfg.channels_last, cfg.compile))
     add_predicted(timeline, profile, hw, plan)
 
 

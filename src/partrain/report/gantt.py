@@ -80,6 +80,8 @@ def draw(timeline: Timeline, steps: int = 2) -> Figure:
 
 def _title(t: Timeline) -> str:
     cfg = t.meta.get("config") or {}
+    if "scratch_config" in t.meta:  # a run of the scratch engine
+        cfg = {**t.meta["scratch_config"], "model": "scratch mlp"}
     what = f"{cfg.get('model', '?')}/{cfg.get('dataset', '?')} {cfg.get('strategy', '')} x{t.meta.get('world_size', '?')}"
     parts = [what]
     if t.measured_step_s:

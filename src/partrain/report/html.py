@@ -41,13 +41,19 @@ def plan_label(row: dict) -> str:
 
 
 def job_label(row: dict) -> str:
-    return f"{row['model']}/{row['dataset']} batch {row['batch_size']} lr {row['lr']:g}"
+    engine = f"{row['engine']} " if row.get("engine", "torch") != "torch" else ""
+    return f"{engine}{row['model']}/{row['dataset']} batch {row['batch_size']} lr {row['lr']:g}"
 
 
 def command(row: dict) -> str:
     """The ``partrain train`` line that runs a stored cell's plan."""
     from partrain.predict.plan import Plan
     from partrain.validate import row_config
+
+    if row.get("engine") == "scratch":
+        from partrain.scratch.bench import command_line
+
+        return command_line(json.loads(row["config"])["run"])
 
     cfg = row_config(row)
     return shlex.join(["partrain", "train", "--model", cfg.model, "--dataset", cfg.dataset,
@@ -61,6 +67,15 @@ def jobs(rows: list[dict]) -> dict[str, list[dict]]:
         if r["status"] == "ok" and r["seconds_per_epoch"]:
             out[r["baseline_key"]].append(r)
     return out
+
+
+def torch_job(row: dict) -> str:
+    """The baseline key of the row's job on the PyTorch engine: the same for the job's cells of
+    either engine, so their speedup curves are drawn on one plot."""
+    from partrain.bench.suite import Cell
+
+    c = Cell(**json.loads(row["config"])["cell"])
+    return dataclasses.replace(c, engine="torch").baseline_key(row["hardware_hash"])
 
 
 def by_plan(job_rows: list[dict]) -> list[tuple[str, float, dict]]:
@@ -104,6 +119,8 @@ def recommendations(rows: list[dict], profile_dir: str | None) -> str:
 
     wanted: dict[tuple, int] = {}
     for r in rows:
+        if r.get("engine") == "scratch":
+            continue  # the recommender plans the PyTorch engine's strategies only
         options = json.loads(r["config"]).get("run", {}).get("model_options") or {}
         key = (r["model"], r["dataset"], r["batch_size"], bool(r["synthetic"]), json.dumps(options, sort_keys=True))
         wanted[key] = max(wanted.get(key, 1), r["workers"])
@@ -201,7 +218,10 @@ def scaling(rows: list[dict]) -> str:
     drawn = []
     for (kind, *_), group in studies.items():
         drawn.append((kind, group))
+    both_engines: dict[str, list[dict]] = defaultdict(list)  # a job's torch and scratch cells: one plot
     for group in jobs(rows).values():
+        both_engines[torch_job(group[0])] += group
+    for group in both_engines.values():
         if len({r["workers"] for r in group}) > 1 and not group[0]["suite"].startswith("scale-"):
             drawn.append(("strong", group))
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,20 +26,31 @@ REGIME_COLOURS = {"perfect scaling": "#d9f0d3", "diminishing returns": "#fee8c8"
 
 
 def series(rows: list[dict], x: str, y: Callable[[dict], float | None], by_workers: bool = True) -> dict[str, list[tuple]]:
-    """``{label: [(x, median y), ...]}`` sorted by x, over the ok rows where ``y`` is known."""
+    """``{label: [(x, median y), ...]}`` sorted by x, over the ok rows where ``y`` is known.
+
+    Rows of the scratch engine are series of their own, every label naming its engine
+    ("ddp (torch)", "ddp (scratch)") once the scratch engine is among the rows."""
     points: dict[str, dict] = {}
+    tagged = any(engine(r) != "torch" for r in rows)
     for r in rows:
         value = y(r) if r["status"] == "ok" else None
         if value is None:
             continue
         label = f"{r['strategy']} x{r['workers']}" if by_workers else r["strategy"]
+        if tagged:
+            label += f" ({engine(r)})"
         points.setdefault(label, {}).setdefault(r[x], []).append(value)
     return {label: sorted((k, statistics.median(v)) for k, v in xs.items()) for label, xs in points.items()}
 
 
+def engine(row: dict) -> str:
+    return row.get("engine") or "torch"  # rows of a store written before engines existed: torch
+
+
 def _draw(ax, lines: dict[str, list[tuple]], **style) -> None:
     for label, pts in lines.items():
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label, **style)
+        engine_style = {"marker": "s", "linestyle": "-."} if label.endswith("(scratch)") else {"marker": "o"}
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, **{**engine_style, **style})
 
 
 def _finish(fig: Figure, title: str, rows: list[dict], path: str | Path) -> Path:
@@ -125,16 +136,22 @@ def plot_weak(rows: list[dict], path: str | Path) -> Path:
     serial at the per-worker batch; efficiency = serial step time / the step time on W workers.
     """
     ok = [r for r in rows if r["status"] == "ok"]
-    serial = [r["step_seconds_median"] for r in ok if r["strategy"] == "serial"]
-    serial_step = statistics.median(serial) if serial else None
-    serial_rate = statistics.median(r["samples_per_s"] for r in ok if r["strategy"] == "serial") if serial else None
+    serial_step, serial_rate = {}, {}  # per engine: each engine's efficiency is against its own serial
+    for name in {engine(r) for r in ok}:
+        serial = [r for r in ok if r["strategy"] == "serial" and engine(r) == name]
+        if serial:
+            serial_step[name] = statistics.median(r["step_seconds_median"] for r in serial)
+            serial_rate[name] = statistics.median(r["samples_per_s"] for r in serial)
     fig, (rate_ax, eff_ax) = _two_panels()
     rates = series(rows, "workers", lambda r: r["samples_per_s"], by_workers=False)
     _draw(rate_ax, rates)
-    _draw(eff_ax, series(rows, "workers", lambda r: serial_step / r["step_seconds_median"] if serial_step else None, by_workers=False))
+    _draw(eff_ax, series(rows, "workers", lambda r: serial_step[engine(r)] / r["step_seconds_median"]
+                         if engine(r) in serial_step else None, by_workers=False))
     workers = sorted({p[0] for pts in rates.values() for p in pts} | {1})
+    for name, rate in serial_rate.items():
+        tag = f" ({name})" if len(serial_rate) > 1 or name != "torch" else ""
+        rate_ax.plot(workers, [w * rate for w in workers], "k--" if len(serial_rate) == 1 else "--", label=f"ideal{tag}")
     if serial_rate:
-        rate_ax.plot(workers, [w * serial_rate for w in workers], "k--", label="ideal")
         eff_ax.axhline(1.0, color="k", linestyle="--", label="ideal")
     _workers_axes((rate_ax, eff_ax), workers, "samples per second", "weak-scaling efficiency (serial step time / step time)")
     per_worker = min((r["batch_size"] for r in ok if r["strategy"] == "serial"), default="?")

@@ -54,7 +54,8 @@ def profile_table(profile: ModelProfile):
                      f"data {join(profile.data_s, 1e3, '.3f')} ms, "
                      f"optimizer ms: {opt}; baseline RSS {profile.baseline_rss_bytes / 2**20:.0f} MiB "
                      f"(peak {profile.baseline_peak_rss_bytes / 2**20:.0f}); profiled in {profile.profile_seconds:.1f} s, "
-                     f"other processes used {profile.other_load:.0%} of the CPU meanwhile")
+                     f"other processes used {profile.other_load:.0%} of the CPU meanwhile"
+                     + "".join(f"; {k} workers side by side {f:.2f}x" for k, f in sorted(profile.compute_sharing.items())))
     return table
 
 

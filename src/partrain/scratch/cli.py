@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 
 from partrain.errors import PartrainError
 
 # train options the scratch engine does not have, with their "not given" value
 _TORCH_ONLY = {"pp": None, "dp": None, "schedule": None, "recompute": False, "split_points": None,
-               "checkpoint": None, "resume": None, "events": None, "save_model": None, "stages_per_worker": 1,
-               "trace": None}
+               "checkpoint": None, "resume": None, "save_model": None, "stages_per_worker": 1,
+               "precision": "fp32", "channels_last": False, "compile": False}  # --dtype is the scratch engine's numerics
 
 
 def add_engine_option(p: argparse.ArgumentParser) -> None:
@@ -63,7 +64,7 @@ def config_from_args(args: argparse.Namespace):
         momentum=args.momentum, weight_decay=args.weight_decay, seed=args.seed, strategy=args.strategy,
         workers=args.workers or 1, threads=args.threads or 1, microbatches=args.microbatches,
         average_every=None if every == "epoch" else every, timeout_s=args.timeout_s, data_dir=args.data_dir,
-        synthetic=args.synthetic,
+        synthetic=args.synthetic, events=args.events,
     )
 
 
@@ -73,12 +74,29 @@ def phases_line(result) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.trace:  # --trace FILE: the events into a temporary directory (unless --events), then the trace
+        from partrain.report.commands import write_outputs
+
+        with tempfile.TemporaryDirectory(prefix="partrain-events-") as tmp:
+            args.events = args.events or tmp
+            printed = _run(args)
+            if printed:  # rank 0: every rank has written its events by now
+                write_outputs(args.events, args.trace, args)
+        return 0
+    _run(args)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> bool:
+    """Train and print the result; False on a rank of mpirun's other than 0 (nothing printed)."""
     from partrain.cli import summary_line
     from partrain.scratch.train import run as run_scratch
 
     result = run_scratch(config_from_args(args))
+    if result is None:  # a rank of mpirun's other than 0: rank 0 prints the run
+        return False
     if args.json:
         print(json.dumps(result.to_dict(), default=str))
     else:
         print(f"{summary_line(result)} [scratch engine; per step: {phases_line(result)}]")
-    return 0
+    return True

@@ -8,6 +8,9 @@ Workers start with ``torch.multiprocessing.spawn`` and meet through a ``file://`
 private temporary directory (no listening rendezvous socket); ``GLOO_SOCKET_IFNAME=lo``
 keeps gloo's own connections on the loopback interface. A worker that raises makes
 ``spawn`` stop the others; one that waits on a dead peer gives up after ``timeout_s``.
+
+Under ``mpirun`` with mpi4py installed nothing is spawned: the processes are mpirun's, and
+the messages go over MPI instead (``partrain.scratch.mpi``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from partrain.errors import PartrainError
 class Comm:
     """The messages a worker sends, each on NumPy arrays; one instance per process."""
 
+    backend = "gloo"
+
     def __init__(self, rank: int = 0, world: int = 1):
         self.rank, self.world = rank, world
 
@@ -49,7 +54,12 @@ class Comm:
 
 
 def run_workers(fn, args: tuple, nprocs: int, timeout_s: float = 300.0) -> list:
-    """``fn(comm, *args)`` in ``nprocs`` processes; returns every rank's return value, by rank."""
+    """``fn(comm, *args)`` in ``nprocs`` processes; returns every rank's return value, by rank
+    (under mpirun: on rank 0; the other ranks get None)."""
+    from partrain.scratch.mpi import run_under_mpi, under_mpirun
+
+    if under_mpirun():
+        return run_under_mpi(fn, args, nprocs)
     if nprocs == 1:
         return [fn(Comm(), *args)]
     folder = Path(tempfile.mkdtemp(prefix="partrain-scratch-"))  # private: mode 0700

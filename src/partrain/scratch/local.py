@@ -8,7 +8,11 @@ vectors. Python threads run at the same time only while NumPy is inside BLAS or 
 loop, which release the GIL: the GEMMs that are most of an MLP's time do.
 
 ``Timeline`` records the seconds of each phase of each step, so a run can say where its
-time went (``compute``, ``reduce``, ``comm``, ``update``).
+time went (``compute``, ``reduce``, ``comm``, ``update``), and, with ``--events DIR``, each
+phase as a span of partrain's event log (``partrain.events``), the format ``partrain trace``
+draws: ``compute`` (and one ``thread T`` row per thread), ``reduce``, ``allreduce``,
+``average``, ``send``/``recv``, a pipeline stage's ``forward``/``backward`` per micro-batch,
+``optimizer``.
 """
 
 from __future__ import annotations
@@ -20,24 +24,31 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from partrain.events import EventLog
 from partrain.scratch.layers import SoftmaxCrossEntropy
 from partrain.scratch.net import Net
 
 
 class Timeline:
-    """Seconds per phase, per step: ``steps[i]["compute"]``."""
+    """Seconds per phase, per step: ``steps[i]["compute"]``; each phase also a span of
+    ``events`` (when it is enabled; a disabled log costs a method call per phase)."""
 
-    def __init__(self):
+    def __init__(self, events: EventLog | None = None):
         self.steps: list[dict[str, float]] = []
         self._current: dict[str, float] = defaultdict(float)
+        self.events = events or EventLog()
 
     @contextmanager
-    def phase(self, name: str):
+    def phase(self, name: str, span: str | None = None, **attrs):
+        """Time a phase ``name`` (compute, reduce, comm, update); its span is called ``span``
+        (default: ``name``), with ``attrs`` and the step's index."""
         start = time.perf_counter()  # ~50 ns; a step has a handful of phases
         try:
             yield
         finally:
-            self._current[name] += time.perf_counter() - start
+            end = time.perf_counter()
+            self._current[name] += end - start
+            self.events.record(span or name, start, end, step=len(self.steps), **attrs)
 
     def end_step(self) -> None:
         self.steps.append(dict(self._current))
@@ -48,6 +59,28 @@ class Timeline:
         steps = self.steps[skip:] or self.steps
         names = sorted({name for step in steps for name in step})
         return {name: 1e3 * sum(step.get(name, 0.0) for step in steps) / max(1, len(steps)) for name in names}
+
+
+# a span's name -> the part of a step it is (threads' own "thread T" spans lie inside "compute")
+PARTS = {"data": "data", "compute": "compute", "forward": "compute", "backward": "compute", "reduce": "reduction",
+         "allreduce": "communication", "average": "communication", "send": "communication", "recv": "communication",
+         "wait": "communication", "optimizer": "update"}
+
+
+def breakdown(events: list[dict], skip: int = 0) -> dict[int, dict[str, float]]:
+    """Mean milliseconds per step of each part (data, compute, reduction, communication,
+    update) per rank, from a run's events (``partrain.events.read_events``), leaving out
+    the first ``skip`` steps; ``step`` is the whole step, the rest is Python between phases."""
+    sums: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    steps: dict[int, set] = defaultdict(set)  # (an epoch's closing average belongs to no step: left out)
+    for e in events:
+        if e["name"] == "step" and e["step"] >= skip:
+            steps[e["rank"]].add(e["step"])
+    for e in events:
+        part = "step" if e["name"] == "step" else PARTS.get(e["name"])
+        if part is not None and e.get("step") in steps[e["rank"]]:
+            sums[e["rank"]][part] += e["end"] - e["start"]
+    return {rank: {part: 1e3 * s / max(1, len(steps[rank])) for part, s in parts.items()} for rank, parts in sorted(sums.items())}
 
 
 def loss_and_grad(net: Net, x: np.ndarray, y: np.ndarray, total: int) -> float:
@@ -77,30 +110,51 @@ class ThreadedGrad:
 
     Every shard's loss and gradient are divided by the whole batch's size (``total``), so
     their sum is the batch mean, equal to serial's up to the order of floating-point adds.
+
+    Two things keep the fixed cost of a step down (at batch 64 a step is ~1 ms, so tens
+    of microseconds matter): the calling thread works on part 0 itself, as OpenMP's
+    master thread does, so a parallel region wakes ``threads - 1`` pool threads, not
+    ``threads``; and part 0's replica is the network itself, so its gradient is written
+    straight into ``net.grads`` and the reduction adds the others to it (no copy pass
+    over the gradient vector).
     """
 
     def __init__(self, net: Net, threads: int):
         self.net, self.threads = net, threads
-        self.replicas = [net.replica() for _ in range(threads)]  # one gradient vector each: threads x 4 bytes x params
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="scratch")
+        self.replicas = [net] + [net.replica() for _ in range(threads - 1)]  # own gradients: 4 bytes x params each
+        self.pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="scratch")
 
     def __call__(self, x: np.ndarray, y: np.ndarray, total: int, timeline: Timeline) -> float:
         shards = [shard(len(x), self.threads, t) for t in range(self.threads)]
+        step, events = len(timeline.steps), timeline.events
+
+        def work(t: int) -> float:
+            start = time.perf_counter()
+            loss = loss_and_grad(self.replicas[t], x[shards[t]], y[shards[t]], total)
+            events.record(f"thread {t}", start, time.perf_counter(), step=step)  # list.append: thread-safe
+            return loss
+
         with timeline.phase("compute"):  # the parallel region
-            losses = list(self.pool.map(lambda r, s: loss_and_grad(r, x[s], y[s], total), self.replicas, shards))
+            losses = self._parallel(work, range(self.threads))
         with timeline.phase("reduce"):  # (threads - 1) vector adds, each thread on its part of the vector
             self.each_part(self._reduce)
         return sum(losses)
 
     def _reduce(self, part: slice) -> None:
-        sum_grads(self.net, self.replicas, part)
+        for replica in self.replicas[1:]:  # replica 0 wrote net.grads itself
+            self.net.grads[part] += replica.grads[part]
 
     def each_part(self, fn) -> None:
         """``fn(part)`` on every thread at once, each on a contiguous part of the weight vector
         (OpenMP's ``parallel for`` over the weights): the reduction and the update are
         elementwise, so they parallelize too, and give bit-identical results."""
-        parts = [shard(self.net.params.size, self.threads, t) for t in range(self.threads)]
-        list(self.pool.map(fn, parts))
+        self._parallel(fn, [shard(self.net.params.size, self.threads, t) for t in range(self.threads)])
+
+    def _parallel(self, fn, items) -> list:
+        """``[fn(item) for item in items]``, item 0 in this thread, the others in the pool at once."""
+        first, *rest = items
+        futures = [self.pool.submit(fn, item) for item in rest]
+        return [fn(first)] + [f.result() for f in futures]
 
     def close(self) -> None:
         self.pool.shutdown()

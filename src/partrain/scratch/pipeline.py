@@ -44,11 +44,13 @@ class Pipeline:
         pending, loss = [], 0.0  # sends in flight: (handle, buffer kept alive until it completes)
         for j, rows in enumerate(parts):  # forwards
             a = x[rows] if self.first else self._recv((rows.stop - rows.start, self.width_in), prev, timeline)
-            with timeline.phase("compute"):
+            with timeline.phase("compute", "forward", stage=self.comm.rank, mb=j):
                 b = self.replicas[j].forward(a)
-                if self.last:  # loss and backward at once: the last stage never waits for itself
+                if self.last:
                     ce = SoftmaxCrossEntropy()
                     loss += ce.forward(b, y[rows], total)
+            if self.last:  # the backward at once: the last stage never waits for itself
+                with timeline.phase("compute", "backward", stage=self.comm.rank, mb=j):
                     b = self.replicas[j].backward(ce.backward())
             if self.last and not self.first:
                 pending.append(self._send(b, prev, timeline))
@@ -57,26 +59,26 @@ class Pipeline:
         if not self.last:
             for j, rows in enumerate(parts):  # backwards, as the gradients come back
                 g = self._recv((rows.stop - rows.start, self.width_out), nxt, timeline)
-                with timeline.phase("compute"):
+                with timeline.phase("compute", "backward", stage=self.comm.rank, mb=j):
                     g = self.replicas[j].backward(g)
                 if not self.first:
                     pending.append(self._send(g, prev, timeline))
-        with timeline.phase("comm"):
+        with timeline.phase("comm", "wait"):  # the sends still in flight
             for handle, _ in pending:
                 handle.wait()
         with timeline.phase("reduce"):  # the micro-batches' gradients: m - 1 vector adds
             sum_grads(self.net, self.replicas)
-        with timeline.phase("update"):
+        with timeline.phase("update", "optimizer"):
             self.opt.step()
         return loss  # the batch's loss on the last stage, 0 elsewhere
 
     def _send(self, a: np.ndarray, dst: int, timeline: Timeline):
         a = np.ascontiguousarray(a)
-        with timeline.phase("comm"):
+        with timeline.phase("comm", "send", bytes=a.nbytes, dst=dst):
             return self.comm.isend(a, dst), a
 
     def _recv(self, shape, src: int, timeline: Timeline) -> np.ndarray:
-        with timeline.phase("comm"):  # includes waiting for the peer: the bubble shows up here
+        with timeline.phase("comm", "recv", src=src):  # includes waiting for the peer: the bubble shows up here
             return self.comm.recv(shape, self.dtype, src)
 
     def end_epoch(self, timeline: Timeline) -> None:

@@ -43,9 +43,9 @@ class DataParallel:
     def step(self, x: np.ndarray, y: np.ndarray, total: int, timeline: Timeline) -> float:
         self.message[-1] = self.grad(x, y, total, timeline)  # writes net.grads, a view of the message
         if self.comm.world > 1:
-            with timeline.phase("comm"):
+            with timeline.phase("comm", "allreduce", bytes=self.message.nbytes):
                 self.comm.allreduce_sum(self.message)  # ~2 x message bytes through each process's link (ring)
-        with timeline.phase("update"):
+        with timeline.phase("update", "optimizer"):
             self.grad.each_part(self.opt.step)  # with threads: each updates its part of the weights
         return float(self.message[-1])
 
@@ -84,7 +84,7 @@ class LocalSGD(DataParallel):
 
     def step(self, x: np.ndarray, y: np.ndarray, total: int, timeline: Timeline) -> float:
         loss = self.grad(x, y, len(x), timeline)  # the mean over this worker's own rows
-        with timeline.phase("update"):
+        with timeline.phase("update", "optimizer"):
             self.grad.each_part(self.opt.step)
         self.steps += 1
         if self.every and self.steps % self.every == 0:
@@ -96,7 +96,7 @@ class LocalSGD(DataParallel):
             self._average(timeline)
 
     def _average(self, timeline: Timeline) -> None:
-        with timeline.phase("comm"):
+        with timeline.phase("comm", "average", bytes=self.net.params.nbytes):
             self.comm.allreduce_sum(self.net.params)
             self.net.params /= self.comm.world
 

@@ -9,6 +9,7 @@ accuracy. Losses are kept per step and made the world's once, at the end.
 
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -17,6 +18,8 @@ from threadpoolctl import threadpool_limits
 
 from partrain.data import dataset_spec
 from partrain.errors import PartrainError
+from partrain.events import EventLog
+from partrain.scratch import STRATEGIES
 from partrain.scratch.comm import Comm, run_workers
 from partrain.scratch.data import dataset_name, epoch_order, load_arrays
 from partrain.scratch.local import Timeline
@@ -25,7 +28,6 @@ from partrain.scratch.pipeline import Pipeline
 from partrain.scratch.strategies import DataParallel, LocalSGD
 from partrain.train import EpochResult, RunResult
 
-STRATEGIES = ("serial", "threads", "ddp", "hybrid", "model-parallel", "local-sgd")
 WARMUP_STEPS = 5  # left out of the phase means (first-touch page faults, thread start)
 
 
@@ -53,6 +55,7 @@ class ScratchConfig:
     timeout_s: float = 300.0
     data_dir: str | None = None
     synthetic: bool = False
+    events: str | None = None  # a directory: every rank's spans, for ``partrain trace``
 
     def __post_init__(self):
         self.dataset = dataset_name(self.dataset)
@@ -95,11 +98,13 @@ class ScratchResult(RunResult):
     engine: str = "scratch"
     processes: int = 1
     phases_ms: dict = field(default_factory=dict)  # rank 0's
+    cpu_ms_per_step: float | None = None  # rank 0's CPU time (all its threads) per step: the work, busy machine or not
     phases_ms_per_rank: list = field(default_factory=list)
 
 
-def run(cfg: ScratchConfig) -> ScratchResult:
-    """Train as ``cfg`` says, in this process or in ``cfg.processes`` spawned ones."""
+def run(cfg: ScratchConfig) -> ScratchResult | None:
+    """Train as ``cfg`` says, in this process or in ``cfg.processes`` spawned ones (under
+    mpirun: in mpirun's processes; the result on rank 0, None on the others)."""
     load_arrays(cfg.dataset, "test", data_dir=cfg.data_dir, synthetic=cfg.synthetic, limit=1)  # missing data: one line, before any spawn
     return _with_ranks(run_workers(train_worker, (cfg,), cfg.processes, cfg.timeout_s))
 
@@ -110,11 +115,17 @@ def run_many(cfgs: list[ScratchConfig]) -> list[ScratchResult]:
     if len({cfg.processes for cfg in cfgs}) != 1:
         raise PartrainError("run_many: every configuration must run on the same number of processes")
     per_rank = run_workers(train_many, (cfgs,), cfgs[0].processes, max(cfg.timeout_s for cfg in cfgs))
+    if per_rank is None:  # a rank of mpirun's other than 0
+        return [None] * len(cfgs)
     return [_with_ranks([results[i] for results in per_rank]) for i in range(len(cfgs))]
 
 
-def _with_ranks(results: list[ScratchResult]) -> ScratchResult:
+def _with_ranks(results: list[ScratchResult] | None) -> ScratchResult | None:
+    if results is None:
+        return None
     results[0].phases_ms_per_rank = [r.phases_ms for r in results]
+    results[0].peak_memory_per_worker = [r.peak_memory_bytes for r in results]
+    results[0].peak_memory_bytes = max(results[0].peak_memory_per_worker)
     return results[0]
 
 
@@ -155,11 +166,13 @@ def _train(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
     x, y = load_arrays(cfg.dataset, "train", limit=cfg.limit, **data)
     xt, yt = load_arrays(cfg.dataset, "test", limit=cfg.eval_limit, **data) if cfg.evaluate else (None, None)
     stepper = make_stepper(cfg, comm)
-    timeline, losses, step_seconds = Timeline(), [], []
+    events = EventLog(cfg.events, comm.rank)
+    timeline, losses, step_seconds = Timeline(events), [], []
     steps_per_epoch = len(x) // cfg.batch_size  # drop the last partial batch, as the PyTorch engine does
     if steps_per_epoch == 0:
         raise PartrainError(f"{len(x)} training samples make no batch of {cfg.batch_size}: lower --batch-size")
     spans = []  # per epoch: (first step, steps, seconds, test accuracy)
+    cpu = 0.0  # process CPU seconds inside the steps
     try:
         for epoch in range(cfg.epochs):
             order, start, first = epoch_order(len(x), cfg.seed, epoch).numpy(), time.perf_counter(), len(losses)
@@ -168,9 +181,13 @@ def _train(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
                     break
                 batch = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
                 mine = batch[stepper.rows(len(batch))]  # this worker's rows of the global batch
-                t = time.perf_counter()
-                losses.append(stepper.step(x[mine], y[mine], len(batch), timeline))
+                t, c = time.perf_counter(), time.process_time()
+                with timeline.phase("data"):  # a copy of the rows: ~batch x features x 4 bytes
+                    xb, yb = x[mine], y[mine]
+                losses.append(stepper.step(xb, yb, len(batch), timeline))
                 step_seconds.append(time.perf_counter() - t)
+                cpu += time.process_time() - c
+                events.record("step", t, t + step_seconds[-1], step=len(timeline.steps))
                 timeline.end_step()
             stepper.end_epoch(timeline)
             seconds = time.perf_counter() - start
@@ -180,15 +197,19 @@ def _train(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
         losses = stepper.world_losses(losses)  # one message, after the last step
     finally:
         stepper.close()
+    events.write({"engine": "scratch", "scratch_config": asdict(cfg), "world_size": comm.world * cfg.threads,
+                  "processes": comm.world, "backend": comm.backend if comm.world > 1 else "none"})
     epochs = [EpochResult(e, n, float(np.mean(losses[first:first + n])) if n else float("nan"), seconds,
                           n * cfg.batch_size / seconds, None, accuracy)
               for e, (first, n, seconds, accuracy) in enumerate(spans)]
     return ScratchResult(
         config={**asdict(cfg), "model": "mlp", "engine": "scratch"}, world_size=comm.world * cfg.threads,
-        backend="gloo" if comm.world > 1 else "none", threads=cfg.threads, parameters=count_parameters(cfg),
+        backend=comm.backend if comm.world > 1 else "none", threads=cfg.threads, parameters=count_parameters(cfg),
         epochs=epochs, step_losses=[float(v) for v in losses], step_seconds=step_seconds, processes=comm.world,
         partition=_partition(stepper) if cfg.strategy == "model-parallel" else None,
         phases_ms=timeline.mean_ms(skip=min(WARMUP_STEPS, len(timeline.steps) // 4)),
+        cpu_ms_per_step=1e3 * cpu / max(1, len(step_seconds)),
+        peak_memory_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # this process's peak RSS (Linux: KiB)
     )
 
 

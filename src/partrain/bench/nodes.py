@@ -1,0 +1,104 @@
+"""Benchmark cells across emulated nodes (issue 18): a suite's ``nodes`` and ``link_mbit``.
+
+A cell with ``nodes`` runs in network namespaces made for it alone (``testing.netns``): N
+namespaces joined by a link shaped to ``link_mbit``, one ``torchrun`` per namespace starting
+``workers_per_node`` workers of ``partrain train``, all meeting at node 0. The namespaces are
+torn down when the cell ends, however it ends (``EmulatedNodes`` is a context manager, and a
+runner killed outright leaves namespaces that the next one removes).
+
+What predicts such a cell is the hardware profile measured across the same kind of nodes
+and link: ``partrain profile --hardware`` under torchrun across fresh namespaces, once per
+(nodes, workers per node, link), kept in the profile directory under a name holding all
+three (``profile.cache.hardware_path``), where ``validate`` finds it by the cell's stored link.
+
+Costs: making and removing the namespaces, a few tenths of a second per cell; the link's
+profile, about a minute at 100 Mbit/s with 4 MiB messages (most of it moving the large
+messages through the shaped link), once per placement and rate.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from partrain.bench.suite import Cell
+from partrain.config import RunConfig
+from partrain.distributed.spawn import child_env
+from partrain.errors import PartrainError
+from partrain.predict.profiles import HardwareProfile
+from partrain.profile.cache import hardware_path, profile_dir
+from partrain.testing import netns
+from partrain.testing.netns import EmulatedNodes, Link, torchrun_across
+
+# runs processes with a timeout: bench.runner.run_processes (passed in, the runner imports this module)
+Runner = Callable[..., tuple[str, str | None, dict | None]]
+
+
+def refusal(cells: list[Cell]) -> str | None:
+    """One line when some of ``cells`` run across emulated nodes and none can be made here."""
+    across = sum(1 for c in cells if c.nodes)
+    if not across or (reason := netns.available()) is None:
+        return None
+    return (f"{across} of the suite's cells run across emulated nodes, and {reason}: run `partrain bench` as root "
+            "(with iproute2), or remove nodes/placements and link_mbit from the suite")
+
+
+def check_across(cell: Cell, cfg: RunConfig) -> None:
+    """``PartrainError`` when the cell's strategy cannot run spread over its nodes (Hogwild's
+    shared weights), as ``train`` would refuse it under torchrun."""
+    if why := cfg.spec.refusal(cell.workers, cell.workers_per_node, None):
+        raise PartrainError(f"across {cell.nodes} nodes: {why}")
+
+
+def emulated(cell: Cell, tag: str = "c") -> EmulatedNodes:
+    """The cell's nodes and link, to enter with ``with``."""
+    return EmulatedNodes(cell.nodes, Link(rate_mbit=cell.link_mbit), tag=tag)
+
+
+def train_across(nodes: EmulatedNodes, cell: Cell, train_args: list[str]) -> list[list[str]]:
+    """One torchrun per node, each starting the cell's workers per node of ``partrain train_args``."""
+    return torchrun_across(nodes, cell.workers_per_node, ["train", *train_args, "--json", "--quiet"])
+
+
+def link_profile_path(cell: Cell, directory=None) -> Path:
+    """Where the hardware profile measured across the cell's nodes and link is kept."""
+    return hardware_path(profile_dir(directory), cell.workers, cell.nodes, link_mbit=cell.link_mbit)
+
+
+def ensure_link_profile(cell: Cell, run: Runner, max_mb: float, timeout: float, directory=None,
+                        tick: Callable[[], None] = lambda: None) -> str | None:
+    """Measure the link profile of the cell's placement unless it is kept already; None when
+    it is there, else why it could not be measured (the cells still run; validate says
+    they have no profile)."""
+    path = link_profile_path(cell, directory)
+    if path.is_file():
+        return None
+    with tempfile.TemporaryDirectory(prefix="partrain-link-") as tmp, emulated(cell, tag="p") as nodes:
+        args = ["profile", "--hardware", "--max-mb", f"{max_mb:g}", "--threads", "1", "--profile-dir", tmp, "--json"]
+        status, reason, _ = run(torchrun_across(nodes, cell.workers_per_node, args), timeout, tick, nodes.env(child_env()))
+        made = list(Path(tmp).glob(f"hardware-w{cell.workers}-n{cell.nodes}-*.json"))
+        if status != "ok" or not made:
+            return f"profile --hardware across {cell.placement}: {status}: {reason}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shares_cores(HardwareProfile.load(made[0]), cell.nodes, os.cpu_count() or 1).save(path)
+    return None
+
+
+def shares_cores(hardware: HardwareProfile, nodes: int, cores: int) -> HardwareProfile:
+    """The profile of ``nodes`` emulated nodes that share this machine's ``cores``: each has
+    ``cores / nodes`` of them, not the ``cores`` the profiler saw from inside one.
+
+    Contention then comes out as on the machine: busy threads of all nodes over all cores
+    (``predict.compute.contention`` per node, with cores / nodes per node). A share below
+    one whole core (4 nodes on 2 cores) is one core at ``compute_speed`` = the share: each
+    worker computes that much slower while all compute, which overstates a pipeline whose
+    stages idle in its bubble.
+    """
+    share = cores / nodes
+    hardware.cores_per_node = max(1, int(share))
+    hardware.compute_speed = min(1.0, share / hardware.cores_per_node)
+    hardware.source = (f"measured across {nodes} emulated nodes sharing {cores} cores: {hardware.cores_per_node} core(s) "
+                       f"per node at speed {hardware.compute_speed:.2f}")
+    return hardware

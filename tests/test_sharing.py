@@ -1,0 +1,199 @@
+"""Issue 17, item 5: compute sharing measured for the model being predicted, and the profiler
+on blocks that return tuples and on token ids."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from partrain.data import load_dataset
+from partrain.predict import Plan, predict_plan
+from partrain.predict.cluster import load_cluster
+from partrain.predict.profiles import BlockProfile, ModelProfile
+from partrain.profile import outputs
+from partrain.profile.model import _profile_blocks, profile_model
+from partrain.profile.numerics import autocast
+from partrain.profile.timing import Stopwatch
+from partrain.profile.sharing import CoRunners, measure_sharing, sharing_factors, training_step
+
+EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster.toml"
+
+
+def _block(name: str, seconds: float) -> BlockProfile:
+    return BlockProfile(name, 1000, 4000, 2, 0, [seconds, 4 * seconds], [2 * seconds, 8 * seconds], [256, 1024],
+                        [512, 2048], False, False, [10, 40], {"sgd": 1e-5, "sgd-momentum": 2e-5, "adam": 3e-5})
+
+
+def _profile(fingerprint: str, sharing: dict[int, float]) -> ModelProfile:
+    """A made-up profile of two blocks: every figure chosen, none measured."""
+    return ModelProfile("fake", "mnist", True, [8, 32], 1, fingerprint, [1, 28, 28], 3136, 60000,
+                        [_block("a", 1e-3), _block("b", 2e-3)], [1e-4, 4e-4], [1e-4, 4e-4],
+                        {"sgd": 2e-5, "sgd-momentum": 4e-5, "adam": 6e-5}, 10**8, 10**8, [10**8, 10**8], 0.0,
+                        compute_sharing=sharing, sharing_batch=8)
+
+
+@pytest.fixture(scope="module")
+def two_cores():
+    hw = load_cluster(EXAMPLE_CLUSTER)
+    return dataclasses.replace(hw, cores_per_node=2, workers_per_node=2, nodes=1, compute_speed=1.0,
+                               compute_sharing={2: 1.5})
+
+
+def test_the_models_own_sharing_replaces_the_hardware_probes(two_cores):
+    plan = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)
+    probe_only = predict_plan(_profile(two_cores.fingerprint, {}), two_cores, plan)
+    own = predict_plan(_profile(two_cores.fingerprint, {2: 1.05}), two_cores, plan)
+    assert own.compute_s == pytest.approx(probe_only.compute_s * 1.05 / 1.5)
+    assert own.seconds_per_step < probe_only.seconds_per_step
+    assert any("1.05x (measured for this model)" in n for n in own.notes)
+    assert any("1.50x (the hardware probe's convolution: not measured for this model)" in n for n in probe_only.notes)
+    # never below processor sharing: 2 workers on 1 core each get half of it, whatever was measured
+    one_core = predict_plan(_profile(two_cores.fingerprint, {2: 1.05}), dataclasses.replace(two_cores, cores_per_node=1), plan)
+    assert one_core.compute_s == pytest.approx(probe_only.compute_s * 2.0 / 1.5)
+
+
+def test_sharing_measured_elsewhere_or_with_other_threads_is_not_used(two_cores):
+    plan = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)
+    probe_only = predict_plan(_profile(two_cores.fingerprint, {}), two_cores, plan)
+    elsewhere = predict_plan(_profile("another-machine", {2: 1.05}), two_cores, plan)
+    assert elsewhere.compute_s == pytest.approx(probe_only.compute_s)
+    assert any("the model's was measured elsewhere" in n for n in elsewhere.notes)
+    threads = dataclasses.replace(_profile(two_cores.fingerprint, {2: 1.05}), threads=2)
+    assert predict_plan(threads, two_cores, plan).compute_s == pytest.approx(probe_only.compute_s)
+
+
+def test_the_models_sharing_enters_pipelines_and_leaves_serial_alone(two_cores):
+    pipe = Plan("gpipe", workers=2, batch_size=32, microbatches=4, schedule="gpipe", pp=2, threads=1)
+    probe_only = predict_plan(_profile(two_cores.fingerprint, {}), two_cores, pipe)
+    own = predict_plan(_profile(two_cores.fingerprint, {2: 1.0}), two_cores, pipe)
+    assert own.seconds_per_step < probe_only.seconds_per_step
+    serial = Plan("serial", workers=1, batch_size=32, threads=1)
+    hw1 = dataclasses.replace(two_cores, workers_per_node=1)
+    a = predict_plan(_profile(two_cores.fingerprint, {}), hw1, serial)
+    b = predict_plan(_profile(two_cores.fingerprint, {2: 3.0}), hw1, serial)
+    assert a.seconds_per_step == b.seconds_per_step and not any("side by side" in n for n in b.notes)
+
+
+def test_a_module_without_blocks_is_one_block(two_cores):
+    """A plain module (no blocks, not Sequential) is profiled as one block: data parallel is
+    predicted, a pipeline plan is refused with the fix (the run cuts it with the tracer)."""
+    from partrain.errors import PartrainError
+
+    whole = dataclasses.replace(_profile(two_cores.fingerprint, {2: 1.1}), blocks=[_block("", 3e-3)])
+    assert predict_plan(whole, two_cores, Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)).seconds_per_step > 0
+    with pytest.raises(PartrainError, match="one block to the profiler.*return \\(module, blocks\\)"):
+        predict_plan(whole, two_cores, Plan("gpipe", workers=2, batch_size=32, microbatches=2, schedule="gpipe", pp=2,
+                                            threads=1))
+
+
+def test_profile_round_trip_keeps_the_sharing(tmp_path, two_cores):
+    prof = _profile(two_cores.fingerprint, {2: 1.07, 3: 1.4})
+    loaded = ModelProfile.load(prof.save(tmp_path / "p.json"))
+    assert loaded.compute_sharing == {2: 1.07, 3: 1.4} and loaded.sharing_batch == 8
+
+
+@pytest.mark.timeout(180)
+def test_the_probe_measures_a_sane_factor_with_two_processes():
+    train_set = load_dataset("mnist", "train", synthetic=True)
+    torch.manual_seed(0)
+    from partrain.models import build_model
+
+    net = build_model("mlp", train_set.spec.input_shape, train_set.spec.num_classes)
+    job = dict(model="mlp", dataset="mnist", input_shape=list(train_set.spec.input_shape),
+               num_classes=train_set.spec.num_classes, threads=1, data_dir=None, synthetic=True, options={}, seed=0,
+               batch=16)
+    x, y = train_set.get(torch.arange(16))
+    with CoRunners(1, job, timeout_s=120) as others:
+        raw = measure_sharing(training_step(net, x, y), others, window_s=0.02, rounds=2)
+    assert set(raw) == {2}
+    assert all(v > 0 for v in raw[2].values())
+    factor = sharing_factors(raw)[2]
+    assert math.isfinite(factor) and factor >= 1.0
+
+
+def test_a_broken_corunner_is_one_clear_error():
+    from partrain.errors import PartrainError
+
+    job = dict(model="no-such-model", dataset="mnist", input_shape=[1, 28, 28], num_classes=10, threads=1,
+               data_dir=None, synthetic=True, options={}, seed=0, batch=4)
+    with pytest.raises(PartrainError, match="co-runner exited"), CoRunners(1, job, timeout_s=120) as others:
+        measure_sharing(lambda: None, others)
+
+
+# ---- the profiler on tuples and token ids ----------------------------------------------------
+
+
+class Pair(nn.Module):
+    """Returns (activations, ids): a tuple with an int64 tensor in it."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 8)
+
+    def forward(self, ids):
+        return self.embed(ids), ids
+
+
+class UsePair(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.gate = nn.Linear(8, 8), nn.Embedding(50, 8)
+
+    def forward(self, pair):
+        h, ids = pair
+        return self.lin(h) * self.gate(ids), ids
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(8, 50)
+
+    def forward(self, pair):
+        return self.head(pair[0])
+
+
+def test_blocks_returning_tuples_are_timed_and_sized():
+    ids = torch.randint(0, 50, (4, 6))
+    cpu = torch.device("cpu")
+    rows = _profile_blocks([Pair(), UsePair(), Head()], ids, Stopwatch(cpu), lambda: autocast(cpu, "fp32"))
+    assert [r["out_bytes"] for r in rows] == [4 * 6 * 8 * 4 + 4 * 6 * 8, 4 * 6 * 8 * 4 + 4 * 6 * 8, 4 * 6 * 50 * 4]
+    assert all(r["fwd_s"] > 0 and r["bwd_s"] > 0 for r in rows)
+    assert rows[1]["flops"] > 0  # the linear layer counted through a tuple input
+
+
+def test_outputs_helpers_on_tuples():
+    h = torch.ones(2, 3, requires_grad=True)
+    pair = (h * 2, torch.arange(2))
+    cut = outputs.detached(pair, True)
+    assert cut[0].requires_grad and not cut[1].requires_grad and cut[0].grad_fn is None
+    assert outputs.nbytes(pair) == 2 * 3 * 4 + 2 * 8
+    outputs.backward(pair)
+    assert torch.equal(h.grad, torch.full((2, 3), 2.0))
+
+
+@pytest.mark.timeout(300)
+def test_token_model_profile_counts_int64_inputs():
+    prof = profile_model("tests.gallery:tuple_out", "tokens", [4, 8], threads=1, synthetic=True)
+    t = prof.input_shape[0]
+    assert prof.input_bytes == 8 * t  # int64 token ids, not 4-byte floats
+    assert prof.blocks[0].out_bytes[0] > 4 * 4 * t  # activations and the ids both cross the first boundary
+    assert set(prof.compute_sharing) >= {2} and all(f >= 1.0 for f in prof.compute_sharing.values())
+
+
+def test_validate_names_strategies_whose_2_worker_errors_share_one_sign():
+    from partrain.validate import Case, error_signs, one_sided
+
+    def case(strategy, workers, measured, predicted):
+        return Case(f"{strategy} x{workers}", ("m", "d", 64, workers, 1), strategy, measured, predicted, 1, 1, 1.0)
+
+    cases = [case("ddp", 2, 1.0, 1.2), case("ddp", 2, 1.0, 1.1), case("ddp", 4, 1.0, 0.9),
+             case("gpipe", 2, 1.0, 1.1), case("gpipe", 2, 1.0, 0.95), case("serial", 1, 1.0, 1.3)]
+    signs = error_signs(cases, workers=2)
+    assert signs == {"ddp": (2, 2, 0), "gpipe": (2, 1, 1)}
+    assert one_sided(signs) == ["ddp"]
