@@ -10,14 +10,12 @@ that the cache never hands a bf16 profile to an fp32 prediction, nor a CPU one t
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 
 from partrain.errors import PartrainError
+from partrain.strategies.precision import DTYPES, autocast_at
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEVICES = ("cpu", "cuda")
 
 
@@ -42,9 +40,7 @@ def autocast(device: torch.device, precision: str):
     """The forward pass's context at ``precision``: nothing for fp32, else autocast to bf16/fp16."""
     if precision not in DTYPES:
         raise PartrainError(f"unknown --precision {precision!r}: choose {' or '.join(DTYPES)}")
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=DTYPES[precision])
+    return autocast_at(precision, device)  # the one the run's strategies use
 
 
 def place(module: nn.Module, device: torch.device, channels_last: bool) -> nn.Module:

@@ -49,11 +49,17 @@ def check_precision(precision: str, device_type: str) -> None:
         raise PartrainError("--precision fp16 needs a CUDA device; use bf16 on CPU")
 
 
-def autocast_for(cfg: RunConfig, device: torch.device):
-    """The autocast context of ``cfg``'s precision on ``device`` (a shared no-op for fp32)."""
-    if cfg.precision == "fp32":
+def autocast_at(precision: str, device: torch.device):
+    """The autocast context of ``precision`` on ``device`` (a shared no-op for fp32); the
+    profiler times blocks under the same one (``profile.numerics``)."""
+    if precision == "fp32":
         return _NULL
-    return torch.amp.autocast(device_type=device.type, dtype=DTYPES[cfg.precision])
+    return torch.amp.autocast(device_type=device.type, dtype=DTYPES[precision])
+
+
+def autocast_for(cfg: RunConfig, device: torch.device):
+    """The autocast context of ``cfg``'s precision on ``device``."""
+    return autocast_at(cfg.precision, device)
 
 
 def low_dtype(cfg: RunConfig) -> torch.dtype | None:
