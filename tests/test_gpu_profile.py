@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from partrain.bench.cell import Cell, _digest
 from partrain.bench.runner import figures
 from partrain.bench.store import COLUMNS, RUN_COLUMNS, Outcome, Store
-from partrain.bench.suite import Cell, _digest, suite_from_dict
+from partrain.bench.suite import suite_from_dict
 from partrain.cli import main
 from partrain.config import RunConfig
 from partrain.errors import PartrainError
