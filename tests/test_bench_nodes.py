@@ -3,6 +3,7 @@ namespaces can be made, the store's link columns, and real cells across two name
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -222,7 +223,9 @@ def test_the_namespaces_go_after_a_failing_cell_and_after_an_error_in_the_runner
     monkeypatch.chdir(os.path.dirname(os.path.dirname(__file__)))  # tests.bench_models imports in the cell
     suite = suite_from_dict({"models": ["tests.bench_models:raises_in_forward"], "strategies": ["ddp"],
                              "nodes": [2], "link_mbit": [100], **TINY}, "failing")
-    bench_nodes.link_profile_path(suite.cells()[0], tmp_path).touch()  # as if measured: no profiling here
+    kept = dataclasses.replace(load_cluster(Path(__file__).resolve().parents[1] / "examples" / "cluster.toml"),
+                               source="measured")
+    kept.save(bench_nodes.link_profile_path(suite.cells()[0], tmp_path))  # as if measured: no profiling here
     with Store(tmp_path / "r.sqlite") as store:
         run_suite(suite, store, data_dir=str(data_dir), show_progress=False, profile_dir=str(tmp_path))
         (row,) = store.rows()

@@ -97,6 +97,45 @@ def test_ring_allreduce_on_a_cluster_file():
     assert transfer_time(hw, n, 3, 4) > transfer_time(hw, n, 2, 3) > 0 == transfer_time(hw, n, 1, 1)
 
 
+def test_a_stage_hop_pays_the_runtimes_measured_cost_on_any_link():
+    """The two-stage probe's hop less its own link's point-to-point time is the pipelining
+    runtime's cost per message; a hop between nodes pays it too, on its own link."""
+    from partrain.predict.comm import stage_transfer_time
+
+    hw = dataclasses.replace(load_cluster(EXAMPLE_CLUSTER), pipeline_hop_s=3e-4, points={"pipeline": {"message_bytes": 512}})
+    runtime = 3e-4 - transfer_time(hw, 512, 0, 1)  # ranks 0 and 1: the probe's pair, within a node
+    n = 1e6
+    assert stage_transfer_time(hw, 512, 0, 1) == pytest.approx(3e-4)  # the probe itself, given back
+    assert stage_transfer_time(hw, n, 2, 3) == pytest.approx(runtime + transfer_time(hw, n, 2, 3))
+    assert stage_transfer_time(hw, n, 3, 4) == pytest.approx(runtime + transfer_time(hw, n, 3, 4))  # across nodes
+    assert stage_transfer_time(hw, n, 3, 4) > stage_transfer_time(hw, n, 2, 3)
+    bare = dataclasses.replace(hw, pipeline_hop_s=None)  # a cluster file: no probe, the link alone
+    assert stage_transfer_time(bare, n, 3, 4) == transfer_time(hw, n, 3, 4)
+    assert stage_transfer_time(hw, n, 3, 3) == 0.0
+
+
+def test_a_hardware_profile_measured_by_an_earlier_method_is_measured_again(tmp_path, monkeypatch):
+    from partrain.predict.profiles import MEASUREMENT, HardwareProfile
+    from partrain.profile import cache
+
+    hw = dataclasses.replace(load_cluster(EXAMPLE_CLUSTER), source="measured", nodes=2, workers_per_node=1)
+    assert HardwareProfile.from_dict(json.loads(json.dumps(hw.to_dict()))).method == MEASUREMENT
+    old = {k: v for k, v in hw.to_dict().items() if k != "method"}  # written before methods were numbered
+    assert HardwareProfile.from_dict(old).stale
+    assert not dataclasses.replace(hw, source="examples/cluster.toml", method=1).stale  # a description, not a measurement
+    assert dataclasses.replace(hw, source="measured across 2 emulated nodes sharing 2 cores", method=1).stale
+    path = cache.hardware_path(tmp_path, 2, 2, link_mbit=100)
+    path.write_text(json.dumps(old))
+    assert cache.hardware_across(2, 2, 100, tmp_path) is None  # bench measures that link again
+    path.write_text(json.dumps(hw.to_dict()))
+    assert cache.hardware_across(2, 2, 100, tmp_path) == hw
+    local = cache.hardware_path(tmp_path, 2)
+    local.write_text(json.dumps(old))
+    monkeypatch.setattr("partrain.profile.hardware.profile_hardware", lambda workers, backend=None: hw)
+    _, _, reused = cache.hardware_for(2, tmp_path)
+    assert not reused and HardwareProfile.load(local).method == MEASUREMENT
+
+
 # ---- the pipeline simulation --------------------------------------------------------------
 
 
@@ -246,18 +285,27 @@ def test_measured_sharing_never_beats_processor_sharing(mlp_profile, cluster):
 
 
 def test_measured_sharing_and_sync_enter_data_parallel_steps(mlp_profile, cluster):
+    """Compute side by side costs the measured sharing; every synchronisation after it (DDP's
+    allreduce, local SGD's averaging, FSDP's collectives, a hybrid's replicas) the measured
+    sync, which the collective probes, timing idle workers, do not hold."""
     mlp_profile = dataclasses.replace(mlp_profile, world_of_one_s={})  # no measured overheads: comm is the collectives
     plan = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)
     base = predict_plan(mlp_profile, cluster, plan)
     measured = dataclasses.replace(cluster, compute_sharing={2: 1.5}, sync_s={2: 0.002})
     pred = predict_plan(mlp_profile, measured, plan)
     assert pred.compute_s == pytest.approx(base.compute_s * 1.5)
-    assert pred.comm_s == pytest.approx(base.comm_s, rel=1e-6)  # DDP's probe already synchronises after compute
+    assert pred.comm_s - base.comm_s == pytest.approx(0.002)
     serial = Plan("serial", workers=1, batch_size=32, threads=1)
     assert predict_plan(mlp_profile, measured, serial).seconds_per_step == predict_plan(mlp_profile, cluster, serial).seconds_per_step
-    fsdp = dataclasses.replace(plan, strategy="fsdp")
-    unsynced = predict_plan(mlp_profile, dataclasses.replace(measured, sync_s={}), fsdp)
-    assert predict_plan(mlp_profile, measured, fsdp).comm_s - unsynced.comm_s == pytest.approx(0.002)
+    unsynced = dataclasses.replace(measured, sync_s={})
+    for other, paid in ((dataclasses.replace(plan, strategy="fsdp"), 0.002),
+                        (dataclasses.replace(plan, strategy="local-sgd", average_every=1), 0.002),
+                        (dataclasses.replace(plan, strategy="local-sgd", average_every=4), 0.002 / 4)):
+        assert predict_plan(mlp_profile, measured, other).comm_s - predict_plan(mlp_profile, unsynced, other).comm_s \
+            == pytest.approx(paid)
+    hybrid = Plan("hybrid", workers=2, batch_size=32, pp=1, dp=2, microbatches=2, schedule="1f1b", threads=1)
+    assert predict_plan(mlp_profile, measured, hybrid).seconds_per_step - \
+        predict_plan(mlp_profile, unsynced, hybrid).seconds_per_step == pytest.approx(0.002)
 
 
 def test_pipeline_micro_batches_pay_gradient_accumulation_and_scaling(mlp_profile, cluster):
@@ -294,6 +342,24 @@ def test_world_of_one_timings_are_reproduced_value_by_value(mlp_profile, cluster
         with_it = predict_plan(prof, hw, Plan(strategy, **two)).seconds_per_step
         without = predict_plan(bare, hw, Plan(strategy, **two)).seconds_per_step
         assert with_it - without == pytest.approx(0.0005 + extra)
+
+
+def test_a_one_worker_pipeline_pays_the_runtime_measured_on_a_world_of_one(mlp_profile, cluster):
+    """All stages on one worker: no hop, no other rank; what the pipelining runtime adds is the
+    profile's hybrid loop on a world of one over its serial loop, less the gradient passes the
+    prediction counts apart (accumulating the second micro-batch, scaling by 2)."""
+    hw = dataclasses.replace(cluster, compute_speed=1.0, compute_sharing={}, sync_s={})
+    passes = compute.gradient_pass_time(mlp_profile, range(len(mlp_profile.blocks))) * (1 + 2 / 3)
+    ran = {"serial": 0.002, "hybrid": 0.002 + passes + 0.0007}
+    prof = dataclasses.replace(mlp_profile, world_of_one_s=ran, world_of_one_batch=4)
+    bare = dataclasses.replace(mlp_profile, world_of_one_s={"serial": 0.002})
+    assert compute.world_of_one_pipeline_time(prof) == pytest.approx(0.0007)
+    for m in (2, 4):
+        plan = Plan("hybrid", workers=1, batch_size=16, microbatches=m, schedule="1f1b", threads=1)
+        assert predict_plan(prof, hw, plan).seconds_per_step - predict_plan(bare, hw, plan).seconds_per_step \
+            == pytest.approx(0.0007)
+    two = Plan("gpipe", workers=2, batch_size=16, pp=2, microbatches=2, schedule="gpipe", threads=1)
+    assert predict_plan(prof, hw, two).seconds_per_step == predict_plan(bare, hw, two).seconds_per_step  # the probe's
 
 
 def test_hybrid_replicas_pay_the_measured_wrapper_shared_by_parameter_bytes(mlp_profile, cluster):

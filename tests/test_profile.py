@@ -48,7 +48,7 @@ def test_model_profile_measures_every_block(mlp):
     assert ModelProfile.from_dict({**mlp.to_dict(), "average_s": 1e-3}) == mlp  # earlier versions' keys are ignored
     # partrain's own loop on a world of one, per strategy, at the smallest batch size
     assert mlp.world_of_one_batch == 4
-    assert set(mlp.world_of_one_s) == {"serial", "ddp", "local-sgd"}
+    assert set(mlp.world_of_one_s) == {"serial", "ddp", "local-sgd", "hybrid"}
     assert all(0 < t < 1 for t in mlp.world_of_one_s.values())
     assert 0 < mlp.replica_wrapper_s < 0.1  # fully_shard's DTensor parameters and hooks cost a small model ~1 ms
     older = {k: v for k, v in mlp.to_dict().items() if k != "replica_wrapper_s"}

@@ -119,7 +119,7 @@ SPECS: dict[str, StrategySpec] = {s.name: s for s in (
                  variants=_pipeline_variants("1f1b", interleaved=True)),
     StrategySpec("hybrid", "hybrid", "data parallel across pipeline replicas on a 2-D (pp x dp) device mesh",
                  _S + "pipeline:parallelize_pipeline", "pipeline", micro_batched=True, default_schedule="1f1b",
-                 variants=_hybrid_variants),
+                 world_of_one_probe=True, variants=_hybrid_variants),
     StrategySpec("hogwild", "shared", "shared-memory workers updating one set of weights without locks",
                  _S + "hogwild:parallelize_hogwild", "shared", synchronous=False, asynchronous_because="lock-free and stale",
                  shares_host_memory=True, variants=_data({})),

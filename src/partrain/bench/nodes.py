@@ -28,9 +28,11 @@ from partrain.config import RunConfig
 from partrain.distributed.spawn import child_env
 from partrain.errors import PartrainError
 from partrain.predict.profiles import HardwareProfile
-from partrain.profile.cache import hardware_path, profile_dir
+from partrain.profile.cache import hardware_across, hardware_path, profile_dir
 from partrain.testing import netns
 from partrain.testing.netns import EmulatedNodes, Link, torchrun_across
+
+LINK_PROFILE_S, LINK_PROFILE_CAP_MB = 0.1, 64.0  # the link profile's largest message: 0.1 s of the rate, at most 64 MiB
 
 # runs processes with a timeout: bench.runner.run_processes (passed in, the runner imports this module)
 Runner = Callable[..., tuple[str, str | None, dict | None]]
@@ -73,8 +75,16 @@ def ensure_link_profile(cell: Cell, run: Runner, max_mb: float, timeout: float, 
     it is there, else why it could not be measured (the cells still run; validate says
     they have no profile)."""
     path = link_profile_path(cell, directory)
-    if path.is_file():
-        return None
+    try:
+        if hardware_across(cell.workers, cell.nodes, cell.link_mbit, directory) is not None:
+            return None  # kept, and measured as this partrain measures
+    except PartrainError:  # unreadable: measured again, over it
+        pass
+    # messages up to what the link moves in 0.1 s at least (64 MiB at most): a token bucket lets
+    # its burst (4 ms of the rate, 5 MB at 10 Gbit/s) through at once, so a profile whose largest
+    # message fits in it times the burst, not the rate (issue 18: 4 MiB messages "measured" a
+    # 10 Gbit/s link at 15.7-17.2 Gbit/s)
+    max_mb = max(max_mb, min(LINK_PROFILE_CAP_MB, cell.link_mbit * 1e6 / 8 * LINK_PROFILE_S / 2**20))
     with tempfile.TemporaryDirectory(prefix="partrain-link-") as tmp, emulated(cell, tag="p") as nodes:
         args = ["profile", "--hardware", "--max-mb", f"{max_mb:g}", "--threads", "1", "--profile-dir", tmp, "--json"]
         status, reason, _ = run(torchrun_across(nodes, cell.workers_per_node, args), timeout, tick, nodes.env(child_env()))

@@ -133,3 +133,19 @@ def loop_time(profile: ModelProfile, b: float | None = None) -> float:
     if ran is None:
         return 0.0
     return max(0.0, ran - parts_step(profile, profile.world_of_one_batch, "sgd-momentum"))
+
+
+def world_of_one_pipeline_time(profile: ModelProfile) -> float:
+    """What the pipelining runtime adds to a step of this model whose stages all run on one
+    worker (a one-worker hybrid: no messages, no other rank): partrain's hybrid loop on a world
+    of one (``world_of_one_s["hybrid"]``: pp 1, its default 2 micro-batches, at the smallest
+    profiled batch) over its serial loop, less what the prediction counts apart at that point,
+    the gradient accumulation of the second micro-batch and the scaling by 2 (a pass and 2/3 of
+    one over the gradients). The hardware profile's pipeline constants are a 2-stage probe
+    between processes; on one worker they were 0 and such plans ran 10-25% over their
+    predictions (issue 17). 0 when not measured."""
+    ran = profile.world_of_one_s
+    if "hybrid" not in ran or "serial" not in ran:
+        return 0.0
+    counted = gradient_pass_time(profile, range(len(profile.blocks))) * (1 + 2 / 3)
+    return max(0.0, ran["hybrid"] - ran["serial"] - counted)

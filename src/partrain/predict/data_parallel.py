@@ -72,16 +72,16 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
     cost = plan.spec.cost
     if cost == "ddp":
         # DDP's own work (autograd hooks, copies into and out of the buckets), measured on a world of one
-        comm = _ddp_comm(profile, hw, plan, ranks, bwd, slow) + profile.overhead_s("ddp") * slow
+        comm = _ddp_comm(profile, hw, plan, ranks, bwd, slow) + profile.overhead_s("ddp") * slow + env.sync_s
         buffers = total_params  # flat gradient buckets beside the gradients (gradient_as_bucket_view=False)
     elif cost == "local-sgd":
-        # average_parameters flattens every parameter into one buffer and allreduces it
-        # (torch.distributed.algorithms.model_averaging.utils), every K steps or once an epoch;
-        # the work around it (flatten, scale, unflatten) is what the profile measured for local SGD
-        # averaging every step on a world of one
+        # average_parameters flattens every parameter into one buffer and allreduces it, a plain
+        # synchronous all_reduce (torch.distributed.algorithms.model_averaging.utils), every K
+        # steps or once an epoch; the work around it (flatten, scale, unflatten) is what the
+        # profile measured for local SGD averaging every step on a world of one
         every = _steps_per_epoch(profile, plan) if plan.average_every == "epoch" else int(plan.average_every)
         local = profile.overhead_s("local-sgd") * slow
-        comm = (collective_time(hw, "ddp_allreduce", total_params, ranks) + local) / every
+        comm = (collective_time(hw, "allreduce", total_params, ranks) + local + env.sync_s) / every
         buffers = total_params
         if every > 2:
             occasional = comm

@@ -54,8 +54,9 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     """Per-stage compute, boundary transfers, and each rank's work around the schedule."""
     b = _microbatch(plan)
     fwd, bwd = compute.stage_times(profile, bounds, b, plan.recompute)
-    action = hw.pipeline_action_s  # the runtime's own cost per micro-batch action, measured on this hardware
     n, m = len(bounds), plan.microbatches
+    alone = plan.workers == 1  # every stage on one worker: the runtime's costs are the model's own (below)
+    action = 0.0 if alone else hw.pipeline_action_s  # the runtime's own cost per micro-batch action, measured on this hardware
     # every micro-batch after the first adds its parameter gradients into .grad (AccumulateGrad),
     # spread here evenly over the stage's m backwards; once the step's backwards are done the
     # schedule divides every gradient by m (scale_grads): one read and one write, 2/3 of that pass
@@ -78,11 +79,13 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
         grad_bytes = sum(profile.blocks[i].param_bytes for i in blocks)
         dp_ranks = [rank(stages[0]) + d for d in range(plan.dp)]
         reduce = collective_time(hw, "ddp_allreduce", grad_bytes, dp_ranks)  # hybrid: replicas' gradients
+        reduce += env.sync_s if plan.dp > 1 else 0.0  # ... after the replicas computed side by side
         opt = compute.optimizer_time(profile, kind, blocks) / env.speed
         scale = sum(grad_pass[s] for s in stages) * 2 / 3 / env.speed if m > 1 else 0.0
         # the schedule's per-step bookkeeping and gradient scaling, the loop's own, and a hybrid's
         # replica wrapper on its blocks (its cost over the whole model, shared by parameter bytes)
-        own = (hw.pipeline_step_s + scale
+        runtime_s = compute.world_of_one_pipeline_time(profile) if alone else hw.pipeline_step_s
+        own = (runtime_s + scale
                + (compute.loop_time(profile) + wrapper * grad_bytes / max(1, profile.param_bytes)) / env.speed)
         runtime = StepWork("runtime", own)
         after.append((runtime, StepWork("allreduce", reduce, cpu=False), StepWork("optimizer", opt)))

@@ -71,8 +71,13 @@ class Env:
     cores: int  # per node
     speed: float  # compute_speed of the hardware relative to the profiling machine
     sharing: dict[int, float]  # measured slowdown of k single-threaded workers computing side by side
-    sync_s: float  # FSDP: one synchronisation after computing, beyond its collectives (measured; 0 if not).
-    # DDP, local SGD and hybrid replicas use ``ddp_allreduce``, measured as DDP drives it, which includes it
+    # one synchronisation of the workers after they computed side by side, beyond the collective
+    # itself (measured by the hardware probe; 0 if not): with more busy workers than cores, the
+    # last to finish its share of the cores sets when the collective can start, and a waiting
+    # worker wakes only when a core is free. The collective probes time idle workers, which do
+    # not pay it; every strategy that synchronises after computing does (DDP, local SGD when it
+    # averages, FSDP, a hybrid's replicas)
+    sync_s: float
 
     def sharing_slowdown(self, busy_workers_per_node: float) -> float:
         """Compute time of a worker while ``busy_workers_per_node`` compute on its node, over

@@ -62,6 +62,13 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
     return None
 
 
+# How ``profile --hardware`` measures, numbered: a profile measured by an earlier method means
+# something else by a figure, and is measured again rather than read. 2: ``ddp_allreduce`` is
+# DDP on k ranks over DDP on a world of one, no longer over the bare module (it counted DDP's
+# world-of-one bookkeeping, which the model profile holds, a second time)
+MEASUREMENT = 2
+
+
 @dataclass
 class HardwareProfile(JsonProfile):
     """What the predictor knows about the hardware a job runs on."""
@@ -90,6 +97,12 @@ class HardwareProfile(JsonProfile):
     source: str = "measured"
     notes: list[str] = field(default_factory=list)
     points: dict = field(default_factory=dict)  # raw: tier -> group size -> name -> [[bytes, s]]; "pipeline": the probe
+    method: int = MEASUREMENT  # the MEASUREMENT that took it (files without one: 1)
+
+    @property
+    def stale(self) -> bool:
+        """Measured by an earlier method than this partrain's (``MEASUREMENT``)."""
+        return self.source.startswith("measured") and self.method < MEASUREMENT  # "measured across 2 emulated nodes ..." too
 
     def memory_limit_per_worker(self, local_workers: int) -> int:
         return self.device_memory_bytes // max(1, local_workers) if self.shared_memory else self.device_memory_bytes
@@ -109,7 +122,7 @@ class HardwareProfile(JsonProfile):
             "pipeline_step_s": self.pipeline_step_s, "pipeline_hop_s": self.pipeline_hop_s,
             "compute_sharing": {str(k): v for k, v in self.compute_sharing.items()},
             "sync_s": {str(k): v for k, v in self.sync_s.items()}, "source": self.source,
-            "notes": self.notes, "points": self.points,
+            "notes": self.notes, "points": self.points, "method": self.method,
         }
 
     @classmethod
@@ -126,7 +139,7 @@ class HardwareProfile(JsonProfile):
             float(d.get("pipeline_step_s", 0.0)), d.get("pipeline_hop_s"),
             {int(k): float(v) for k, v in d.get("compute_sharing", {}).items()},
             {int(k): float(v) for k, v in d.get("sync_s", {}).items()},
-            d.get("source", "measured"), list(d.get("notes", [])), d.get("points", {}),
+            d.get("source", "measured"), list(d.get("notes", [])), d.get("points", {}), int(d.get("method", 1)),
         )
 
 

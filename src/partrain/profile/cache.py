@@ -66,7 +66,8 @@ def hardware_across(workers: int, nodes: int, link_mbit: float, directory=None) 
     """The hardware profile measured across ``nodes`` emulated nodes joined by a ``link_mbit``
     link (``bench`` keeps one per placement and rate); None when none was measured."""
     path = hardware_path(profile_dir(directory), workers, nodes, link_mbit=link_mbit)
-    return HardwareProfile.load(path) if path.is_file() else None
+    profile = HardwareProfile.load(path) if path.is_file() else None
+    return None if profile is None or profile.stale else profile
 
 
 def _problem(err: PartrainError) -> str:
@@ -139,7 +140,11 @@ def hardware_for(workers: int, directory=None, refresh: bool = False,
     path = hardware_path(profile_dir(directory), workers, backend=backend)
     if path.is_file() and not refresh:
         try:
-            return HardwareProfile.load(path), path, True
+            kept = HardwareProfile.load(path)
+            if not kept.stale:
+                return kept, path, True
+            print(f"partrain: {path} was measured by an earlier partrain, whose figures mean something else: "
+                  "measuring it again", file=sys.stderr)
         except PartrainError as err:  # edited, or written by another partrain: measured again
             print(f"partrain: {_problem(err)}: measuring it again", file=sys.stderr)
     from partrain.profile.hardware import profile_hardware

@@ -139,18 +139,21 @@ def background_load(enabled: bool):
         thread.join()
 
 
-def measure_collectives(group, group_ranks: list[int], pair: tuple[int, int], sizes: list[int], device) -> tuple[dict, list[str]]:
+def measure_collectives(group, group_ranks: list[int], pair: tuple[int, int], sizes: list[int], device,
+                        alone=None) -> tuple[dict, list[str]]:
     """Every rank of the world calls this; returns ({collective: [(bytes, seconds)]}, notes).
 
     The ranks of ``group_ranks`` run the collectives on ``group``; ranks outside it, if
     any, keep a core busy and join the barriers (``background_load``); ``pair`` runs the
-    send/recv ping-pong. A collective the backend lacks is skipped and named in the notes.
+    send/recv ping-pong; ``alone`` is this rank's group of one (``ddp_allreduce``'s
+    baseline; ``dist.new_subgroups(group_size=1)``). A collective the backend lacks is
+    skipped and named in the notes.
     """
     with background_load(dist.get_rank() not in group_ranks):
-        return _measure_collectives(group, group_ranks, pair, sizes, device)
+        return _measure_collectives(group, group_ranks, pair, sizes, device, alone)
 
 
-def _measure_collectives(group, group_ranks, pair, sizes, device) -> tuple[dict, list[str]]:
+def _measure_collectives(group, group_ranks, pair, sizes, device, alone) -> tuple[dict, list[str]]:
     inside = dist.get_rank() in group_ranks
     results: dict[str, list[tuple[int, float]]] = {}
     notes: list[str] = []
@@ -159,7 +162,7 @@ def _measure_collectives(group, group_ranks, pair, sizes, device) -> tuple[dict,
             results[name] = [(n, _timed(_ping_pong(n, *pair, device), repeats_for(n)) / 2) for n in sizes]
             continue
         if name == "ddp_allreduce":
-            results[name] = [(n, _ddp_sync_cost(n, group, inside, device)) for n in sizes]
+            results[name] = [(n, _ddp_sync_cost(n, group, alone, inside, device)) for n in sizes]
             continue
         make = (lambda n: _op(name, n, group, group_ranks, device)) if inside else (lambda n: (lambda: None))
         if not _supported(make(sizes[0])):
@@ -180,9 +183,18 @@ class _Flat(nn.Module):
         return (self.w * x).sum()
 
 
-def _ddp_sync_cost(nbytes: int, group, inside: bool, device) -> float:
-    """Seconds DDP adds to a forward + backward whose gradients (``nbytes``, one bucket) are
-    ready only when backward ends: the allreduce it cannot hide, plus its own bookkeeping."""
+def _ddp_sync_cost(nbytes: int, group, alone, inside: bool, device) -> float:
+    """Seconds DDP on ``group`` adds to a forward + backward whose gradients (``nbytes``, one
+    bucket) are ready only when backward ends, over the same DDP step on a world of one
+    (``alone``): the allreduce it cannot hide, launched from the autograd hook and waited for
+    at the end of backward, and the bucket copies of a bucket that now crosses processes.
+
+    DDP's bookkeeping on a world of one (its hooks, the copies into and out of a bucket) is
+    not in it: the model profile measures that for the model itself (``world_of_one_s``),
+    with its own parameters and buckets, and the predictor adds it once. (Against the bare
+    module, on 2 idle gloo workers, this was 0.83-0.99 ms for a bucket of 16 B to 256 KB, of
+    which 0.14-0.24 ms was that world-of-one bookkeeping, counted twice.) Without a group of
+    one (``alone`` None) the bare module is the baseline."""
     flat = _Flat(max(1, nbytes // 4)).to(device)
     x = torch.ones_like(flat.w)
 
@@ -190,10 +202,13 @@ def _ddp_sync_cost(nbytes: int, group, inside: bool, device) -> float:
         module.zero_grad(set_to_none=True)
         module(x).backward()
 
-    ddp = DistributedDataParallel(flat, process_group=group, bucket_cap_mb=nbytes / 2**20 + 1) if inside else None
-    plain = _timed(lambda: step(flat), repeats_for(nbytes))
+    cap = nbytes / 2**20 + 1
+    ddp = DistributedDataParallel(flat, process_group=group, bucket_cap_mb=cap) if inside else None
+    one = DistributedDataParallel(_Flat(flat.w.numel()).to(device), process_group=alone, bucket_cap_mb=cap) \
+        if inside and alone is not None else flat
+    base = _timed((lambda: step(one)) if inside else (lambda: None), repeats_for(nbytes))
     synced = _timed((lambda: step(ddp)) if inside else (lambda: None), repeats_for(nbytes))
-    return max(0.0, synced - plain)
+    return max(0.0, synced - base)
 
 
 def measure_pipeline_action(group, device, width: int = 64, microbatches: int = 8) -> float:

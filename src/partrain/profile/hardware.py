@@ -83,6 +83,7 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
     try:
         say("the pipeline runtime's cost per action and per hop")
         alone, pair = dist.new_group([0]), dist.new_group([0, 1])  # every rank creates every group
+        own, _ = dist.new_subgroups(group_size=1)  # a group of one per rank: DDP's world-of-one baseline
         out["pipeline_action_s"] = measure_pipeline_action(alone, device) if info.rank == 0 else 0.0
         with background_load(info.rank not in (0, 1)):  # the job's other workers compute meanwhile
             out["pipeline_probe"] = measure_pipeline_hops(pair, device) if info.rank in (0, 1) else None
@@ -98,7 +99,7 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
             say(f"collectives in groups of {k} ({tier}), {len(sizes)} message sizes")
             made = [(ranks, dist.new_group(ranks)) for ranks in groups]  # every rank creates every group
             mine = next(((ranks, g) for ranks, g in made if dist.get_rank() in ranks), (groups[0], None))
-            points, notes = measure_collectives(mine[1], mine[0], pair, sizes, device)
+            points, notes = measure_collectives(mine[1], mine[0], pair, sizes, device, alone=own)
             out["tiers"].setdefault(tier, {})[k] = points
             out["notes"] += [n for n in notes if n not in out["notes"]]
     finally:
