@@ -117,6 +117,10 @@ def test_emulated_nodes_share_the_machines_cores():
     assert (bench_nodes.shares_cores(hw, 4, 2).cores_per_node, hw.compute_speed) == (1, 0.5)  # half a core each
     assert (bench_nodes.shares_cores(hw, 2, 16).cores_per_node, hw.compute_speed) == (8, 1.0)
     assert "4 emulated nodes" not in hw.source and "2 emulated nodes sharing 16 cores" in hw.source
+    # synchronising k busy workers per node costs what k x nodes busy workers cost on the machine
+    two_by_two = dataclasses.replace(hw, workers_per_node=2, sync_s={2: 0.0})
+    assert bench_nodes.shares_cores(two_by_two, 2, 2, {2: 0.0001, 4: 0.004}).sync_s == {1: 0.0001, 2: 0.004}
+    assert bench_nodes.shares_cores(dataclasses.replace(hw, workers_per_node=1), 4, 2, {4: 0.004}).sync_s == {1: 0.004}
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from partrain.config import RunConfig
 from partrain.distributed.spawn import child_env
 from partrain.errors import PartrainError
 from partrain.predict.profiles import HardwareProfile
-from partrain.profile.cache import hardware_across, hardware_path, profile_dir
+from partrain.profile.cache import hardware_across, hardware_for, hardware_path, profile_dir
 from partrain.testing import netns
 from partrain.testing.netns import EmulatedNodes, Link, torchrun_across
 
@@ -91,12 +91,16 @@ def ensure_link_profile(cell: Cell, run: Runner, max_mb: float, timeout: float, 
         made = list(Path(tmp).glob(f"hardware-w{cell.workers}-n{cell.nodes}-*.json"))
         if status != "ok" or not made:
             return f"profile --hardware across {cell.placement}: {status}: {reason}"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        shares_cores(HardwareProfile.load(made[0]), cell.nodes, os.cpu_count() or 1).save(path)
+    cores = os.cpu_count() or 1
+    # more workers than cores: what synchronising after computing side by side costs them is
+    # this machine's, measured with as many local workers (measured now if not kept)
+    machine = hardware_for(cell.workers, directory)[0].sync_s if cell.workers > cores else {}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shares_cores(HardwareProfile.load(made[0]), cell.nodes, cores, machine).save(path)
     return None
 
 
-def shares_cores(hardware: HardwareProfile, nodes: int, cores: int) -> HardwareProfile:
+def shares_cores(hardware: HardwareProfile, nodes: int, cores: int, machine_sync: dict[int, float] | None = None) -> HardwareProfile:
     """The profile of ``nodes`` emulated nodes that share this machine's ``cores``: each has
     ``cores / nodes`` of them, not the ``cores`` the profiler saw from inside one.
 
@@ -105,10 +109,18 @@ def shares_cores(hardware: HardwareProfile, nodes: int, cores: int) -> HardwareP
     one whole core (4 nodes on 2 cores) is one core at ``compute_speed`` = the share: each
     worker computes that much slower while all compute, which overstates a pipeline whose
     stages idle in its bubble.
+
+    So is synchronising after computing: k busy workers per node are k x nodes on the
+    machine, whose cost ``machine_sync`` holds (the machine's own hardware profile, by busy
+    workers); the probe inside one node saw only its own k. (Issue 18: 2x2 and 4x1 nodes on
+    2 cores ran their cnn steps 17-34% over predictions that had no such cost at 1-10 Gbit/s.)
     """
     share = cores / nodes
     hardware.cores_per_node = max(1, int(share))
     hardware.compute_speed = min(1.0, share / hardware.cores_per_node)
+    if machine_sync:
+        hardware.sync_s = {k: machine_sync[k * nodes] for k in range(1, hardware.workers_per_node + 1)
+                           if k * nodes in machine_sync}
     hardware.source = (f"measured across {nodes} emulated nodes sharing {cores} cores: {hardware.cores_per_node} core(s) "
                        f"per node at speed {hardware.compute_speed:.2f}")
     return hardware
