@@ -91,12 +91,13 @@ def ensure_link_profile(cell: Cell, run: Runner, max_mb: float, timeout: float, 
         made = list(Path(tmp).glob(f"hardware-w{cell.workers}-n{cell.nodes}-*.json"))
         if status != "ok" or not made:
             return f"profile --hardware across {cell.placement}: {status}: {reason}"
+        measured = HardwareProfile.load(made[0])
     cores = os.cpu_count() or 1
     # more workers than cores: what synchronising after computing side by side costs them is
     # this machine's, measured with as many local workers (measured now if not kept)
     machine = hardware_for(cell.workers, directory)[0].sync_s if cell.workers > cores else {}
     path.parent.mkdir(parents=True, exist_ok=True)
-    shares_cores(HardwareProfile.load(made[0]), cell.nodes, cores, machine).save(path)
+    shares_cores(measured, cell.nodes, cores, machine).save(path)
     return None
 
 
