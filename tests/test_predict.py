@@ -136,6 +136,23 @@ def test_a_hardware_profile_measured_by_an_earlier_method_is_measured_again(tmp_
     assert not reused and HardwareProfile.load(local).method == MEASUREMENT
 
 
+def test_a_hardware_profile_timed_on_a_busy_machine_is_measured_again_and_not_kept(tmp_path, monkeypatch, capsys):
+    from partrain.profile import cache
+
+    hw = dataclasses.replace(load_cluster(EXAMPLE_CLUSTER), source="measured")
+    loads = iter([0.6, 0.05])
+    monkeypatch.setattr("partrain.profile.hardware.profile_hardware",
+                        lambda workers, backend=None: dataclasses.replace(hw, other_load=next(loads)))
+    profile, path, reused = cache.hardware_for(2, tmp_path)
+    assert (profile.other_load, reused, path) == (0.05, False, cache.hardware_path(tmp_path, 2))
+    assert "measuring again" in capsys.readouterr().err
+    path.unlink()
+    loads = iter([0.6, 0.7])
+    profile, path, _ = cache.hardware_for(2, tmp_path)
+    assert profile.other_load == 0.7 and path is None and not list(tmp_path.glob("hardware-*"))
+    assert "used once and not cached" in capsys.readouterr().err
+
+
 # ---- the pipeline simulation --------------------------------------------------------------
 
 

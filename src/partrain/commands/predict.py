@@ -66,7 +66,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     else:
         hw, hw_path, hw_reused = hardware_for(args.workers, args.profile_dir, device=run.device)
         if not hw_reused:
-            print(f"measured this machine's collectives with {args.workers} workers: {hw_path}", file=sys.stderr)
+            print(f"measured this machine's collectives with {args.workers} workers: {hw_path or 'not kept'}", file=sys.stderr)
     # the threads the plans' workers will run with, as recommend profiles them
     threads = profile_threads(threads_for(args.workers, hw, args.threads))
     options = model_options(args)

@@ -59,6 +59,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if not args.json:
             print_table(hardware_table(hw))
         print(f"hardware profile: {path}", file=sys.stderr)
+        if hw.other_load >= 0.1:
+            print(f"warning: other processes used {hw.other_load:.0%} of the CPU while the collectives were timed; "
+                  "they may read slow: profile again when the machine is quiet", file=sys.stderr)
         return 0
     options = model_options(args)
     profile, path, reused = load_or_profile(

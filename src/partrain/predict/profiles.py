@@ -98,6 +98,7 @@ class HardwareProfile(JsonProfile):
     notes: list[str] = field(default_factory=list)
     points: dict = field(default_factory=dict)  # raw: tier -> group size -> name -> [[bytes, s]]; "pipeline": the probe
     method: int = MEASUREMENT  # the MEASUREMENT that took it (files without one: 1)
+    other_load: float = 0.0  # share of the machine's CPU other processes used while it was measured
 
     @property
     def stale(self) -> bool:
@@ -122,7 +123,7 @@ class HardwareProfile(JsonProfile):
             "pipeline_step_s": self.pipeline_step_s, "pipeline_hop_s": self.pipeline_hop_s,
             "compute_sharing": {str(k): v for k, v in self.compute_sharing.items()},
             "sync_s": {str(k): v for k, v in self.sync_s.items()}, "source": self.source,
-            "notes": self.notes, "points": self.points, "method": self.method,
+            "notes": self.notes, "points": self.points, "method": self.method, "other_load": self.other_load,
         }
 
     @classmethod
@@ -140,6 +141,7 @@ class HardwareProfile(JsonProfile):
             {int(k): float(v) for k, v in d.get("compute_sharing", {}).items()},
             {int(k): float(v) for k, v in d.get("sync_s", {}).items()},
             d.get("source", "measured"), list(d.get("notes", [])), d.get("points", {}), int(d.get("method", 1)),
+            float(d.get("other_load", 0.0)),
         )
 
 

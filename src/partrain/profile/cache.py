@@ -149,8 +149,16 @@ def hardware_for(workers: int, directory=None, refresh: bool = False,
             print(f"partrain: {_problem(err)}: measuring it again", file=sys.stderr)
     from partrain.profile.hardware import profile_hardware
 
-    profile = profile_hardware(workers, backend=backend)
-    return profile, profile.save(path), False
+    for attempt in range(BUSY_ATTEMPTS):  # as a model profile: a busy machine's collectives are not kept
+        profile = profile_hardware(workers, backend=backend)
+        if profile.other_load < BUSY_SHARE:
+            return profile, profile.save(path), False
+        if attempt + 1 < BUSY_ATTEMPTS:
+            print(f"partrain: other processes used {profile.other_load:.0%} of the CPU while the collectives were "
+                  "timed; measuring again", file=sys.stderr)
+    print(f"partrain: the machine stayed busy ({profile.other_load:.0%} of the CPU taken by other processes): this "
+          "hardware profile is used once and not cached; profile again when the machine is quiet", file=sys.stderr)
+    return profile, None, False
 
 
 def profile_path(directory: Path, model: str, dataset: str, batch_sizes: list[int], threads: int,

@@ -11,6 +11,7 @@ does not have is read from TOML instead (``predict.cluster``); ``profile.cache``
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ from partrain.profile.collectives import (
     measure_pipeline_action,
     measure_pipeline_hops,
 )
+from partrain.profile.timing import cpu_seconds, others_share
 from partrain.progress import phase
 
 # ---- measuring this machine ---------------------------------------------------------------
@@ -167,10 +169,13 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         raw = hardware_worker(sizes, backend, threads)
         if raw is None:
             return None  # not rank 0: rank 0 writes the profile
+        others = 0.0  # the other ranks are not this process's children: their load cannot be told apart
     else:
         if workers < 2:
             raise PartrainError("profile --hardware needs at least 2 workers to time collectives: use --workers 2 or more")
+        before, started = cpu_seconds(), time.perf_counter()
         raw = spawn(hardware_worker, (sizes, backend, threads), workers)[0]
+        others = others_share(before, cpu_seconds(), time.perf_counter() - started)  # the workers are waited-for children
     links, collectives = fit_measurements(raw)
     step_s, hop_s = fit_pipeline_runtime(raw["pipeline_probe"], raw["pipeline_action_s"])
     sharing, sync = fit_compute_sharing(raw["compute_sharing"], collectives.get("intra", {}))
@@ -195,6 +200,7 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         compute_sharing=sharing,
         sync_s=sync,
         notes=raw["notes"],
+        other_load=others,
         points=json.loads(json.dumps({**{tier: {str(k): v for k, v in by.items()} for tier, by in raw["tiers"].items()},
                                       "pipeline": raw["pipeline_probe"], "compute_sharing": raw["compute_sharing"]})),
     )

@@ -29,9 +29,7 @@ size (``ModelProfile.loop_s``), since the allocator peaks need those runs anyway
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -59,7 +57,9 @@ from partrain.profile.timing import (
     CUDA_TARGET_S,
     TARGET_S,
     Stopwatch,
+    cpu_seconds,
     median_times,
+    others_share,
     timed,
 )
 from partrain.progress import phase
@@ -186,22 +186,6 @@ def _time_loss_and_data(model: nn.Module, train_set, batch: int, device: torch.d
     return {"loss_s": loss, "data_s": data}
 
 
-def _cpu_seconds() -> tuple[float, float]:
-    """(CPU seconds every process has used, CPU seconds this one and its children have), from /proc/stat."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    busy = sum(int(v) for i, v in enumerate(fields) if i not in (3, 4))  # all but idle and iowait
-    # this process and the children it waited for (the memory probe): what is left is the others'
-    children = os.times()
-    return busy / os.sysconf("SC_CLK_TCK"), time.process_time() + children.children_user + children.children_system
-
-
-def _others_share(before: tuple[float, float], after: tuple[float, float], wall: float) -> float:
-    """The share of all cores that other processes kept busy over ``wall`` seconds: time
-    measured while they ran is inflated, and the profile says so."""
-    others = (after[0] - before[0]) - (after[1] - before[1])
-    return max(0.0, others / (wall * (os.cpu_count() or 1)))
-
-
 def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int = 1, data_dir=None,
                   synthetic: bool = False, options: dict | None = None, seed: int = 0, device: str | None = None,
                   precision: str = "fp32", channels_last: bool = False, compile: bool = False) -> ModelProfile:
@@ -213,7 +197,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
     batch_sizes, options = sorted(set(batch_sizes)), options or {}
     dev = resolve_device(device)
     amp, watch = (lambda: autocast(dev, precision)), Stopwatch(dev)
-    started, saved_threads, load_before = time.perf_counter(), torch.get_num_threads(), _cpu_seconds()
+    started, saved_threads, load_before = time.perf_counter(), torch.get_num_threads(), cpu_seconds()
     keep_freed_memory()  # the allocator a training worker runs with
     torch.set_num_threads(threads)
     try:
@@ -239,7 +223,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
     if dev.type == "cuda":  # the probe process measures its own allocator: give it the memory back
         del net, blocks, params
         torch.cuda.empty_cache()
-    others = _others_share(load_before, _cpu_seconds(), time.perf_counter() - started)
+    others = others_share(load_before, cpu_seconds(), time.perf_counter() - started)
     first = per_batch[0]  # the smallest batch size: the world-of-one runs' estimated step sets their length
     step_s = sum(r["fwd_s"] + r["bwd_s"] for r in first[0]) + sum(first[1].values()) + optimizer_s["sgd-momentum"]
     sharing_batch = batch_sizes[len(batch_sizes) // 2]  # the middle profiled size (profile.sharing)

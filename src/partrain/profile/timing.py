@@ -3,9 +3,11 @@ the clock that times work on the device that runs it (``Stopwatch``)."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -92,3 +94,19 @@ def timed(fn: Callable[[], object], device: torch.device | str = "cpu") -> Calla
         return watch.laps()
 
     return run
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds every process has used, CPU seconds this one and its children have), from /proc/stat."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    busy = sum(int(v) for i, v in enumerate(fields) if i not in (3, 4))  # all but idle and iowait
+    # this process and the children it waited for (the memory probe): what is left is the others'
+    children = os.times()
+    return busy / os.sysconf("SC_CLK_TCK"), time.process_time() + children.children_user + children.children_system
+
+
+def others_share(before: tuple[float, float], after: tuple[float, float], wall: float) -> float:
+    """The share of all cores that other processes kept busy over ``wall`` seconds: time
+    measured while they ran is inflated, and the profile says so."""
+    others = (after[0] - before[0]) - (after[1] - before[1])
+    return max(0.0, others / (wall * (os.cpu_count() or 1)))
