@@ -65,8 +65,10 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
 # How ``profile --hardware`` measures, numbered: a profile measured by an earlier method means
 # something else by a figure, and is measured again rather than read. 2: ``ddp_allreduce`` is
 # DDP on k ranks over DDP on a world of one, no longer over the bare module (it counted DDP's
-# world-of-one bookkeeping, which the model profile holds, a second time)
-MEASUREMENT = 2
+# world-of-one bookkeeping, which the model profile holds, a second time). 3: the sync after
+# computing is a window's mean, as the computing side by side is; the runtime's cost per action
+# is timed before the other workers' background load starts
+MEASUREMENT = 3
 
 
 @dataclass

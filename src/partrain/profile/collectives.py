@@ -236,19 +236,21 @@ def measure_pipeline_action(group, device, width: int = 64, microbatches: int = 
     return max(0.0, ((many - one) / (microbatches - 1) - _median_of(plain)) / 2)
 
 
-def _seconds_per_call_side_by_side(run, seconds: float, group, device) -> float:
+def _seconds_per_call_side_by_side(run, seconds: float, group, device, calls: int | None = None) -> float:
     """Wall seconds per call of ``run``, called in a loop on every rank of ``group`` at once
-    for ``seconds`` of wall time, averaged over the ranks. Where more workers than cores
+    for ``seconds`` of wall time (or exactly ``calls`` times: a ``run`` ending in a collective
+    must be called as often on every rank), averaged over the ranks. Where more workers than cores
     compute, the scheduler lets each run whole short calls between waits of a time slice:
     the median call looks unshared, and so does one rank's first few calls, which may run
     while others wait for a core. A fixed window on every rank keeps them all competing
     throughout, and the mean over ranks is what each gets on average."""
     run()
     dist.barrier(group)
-    start, calls = time.perf_counter(), 0
-    while time.perf_counter() - start < seconds:
+    start, done = time.perf_counter(), 0
+    while (done < calls) if calls else (time.perf_counter() - start < seconds):
         run()
-        calls += 1
+        done += 1
+    calls = done
     per_call = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64, device=device)
     dist.all_reduce(per_call, group=group)
     return per_call.item() / dist.get_world_size(group)
@@ -349,13 +351,20 @@ def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int
     dist.broadcast(count, dist.get_global_rank(group, 0), group=group)
     n = int(count.item())
     token = torch.zeros(1, device=device)
-    alone, together = [], []
+    alone, together, synced = [], [], []
     for _ in range(rounds):  # alternated: a passing slowdown of the machine spoils one round, not the median
         dist.barrier(group)
         alone.append(_median_of(lambda: burn(n), repeats) if rank == 0 else 0.0)
         dist.barrier(group)
         together.append(_seconds_per_call_side_by_side(lambda: burn(n), window_s, group, device))
+        # the same window with a synchronisation after each call: measured as ``together`` is (a
+        # mean over a window and the ranks), so that their difference is the synchronisation's.
+        # (Rank 0's median call against the window's mean read 0.1-4.0 ms for the same 4 workers
+        # on 2 cores in three profiles an hour apart: the median of time-sliced calls is not their mean.)
+        # (A fixed number of calls, the same on every rank: each call ends in a collective.)
+        calls = max(3, round(window_s / together[-1]))  # together[-1] is the same on every rank
+        synced.append(_seconds_per_call_side_by_side(lambda: (burn(n), dist.all_reduce(token, group=group)),
+                                                     window_s, group, device, calls=calls))
     dist.barrier(group)
-    synced = _median_of(lambda: (burn(n), dist.all_reduce(token, group=group)), repeats)
-    dist.barrier(group)
-    return {"alone_s": statistics.median(alone), "together_s": statistics.median(together), "synced_s": synced}
+    return {"alone_s": statistics.median(alone), "together_s": statistics.median(together),
+            "synced_s": statistics.median(synced)}

@@ -87,6 +87,7 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
         alone, pair = dist.new_group([0]), dist.new_group([0, 1])  # every rank creates every group
         own, _ = dist.new_subgroups(group_size=1)  # a group of one per rank: DDP's world-of-one baseline
         out["pipeline_action_s"] = measure_pipeline_action(alone, device) if info.rank == 0 else 0.0
+        dist.barrier()  # the others' background load below starts only after rank 0 timed the runtime alone
         with background_load(info.rank not in (0, 1)):  # the job's other workers compute meanwhile
             out["pipeline_probe"] = measure_pipeline_hops(pair, device) if info.rank in (0, 1) else None
             dist.barrier()
