@@ -23,12 +23,16 @@ DDP = ["train", "--model", "mlp", "--strategy", "ddp", "--workers", "2", "--thre
 
 
 def _start(args: list[str], data_dir: Path, tmp_path: Path) -> subprocess.Popen:
-    """A ``partrain`` command in a session of its own (as a terminal's job), its temp dir private."""
+    """A ``partrain`` command in a session of its own (as a terminal's job), its temp dir private,
+    with Ctrl-C's default disposition as a terminal gives it: a shell without job control
+    starts its background jobs with SIGINT ignored, and Python then installs no handler for it
+    (the suite run as ``make test &`` from a script would otherwise see no interrupt at all)."""
     scratch = tmp_path / "tmp"
     scratch.mkdir(exist_ok=True)
     env = {**os.environ, "PARTRAIN_DATA_DIR": str(data_dir), "TMPDIR": str(scratch)}
     return subprocess.Popen([PARTRAIN, *args], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _children(pid: int) -> list[int]:
