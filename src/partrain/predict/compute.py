@@ -144,8 +144,5 @@ def world_of_one_pipeline_time(profile: ModelProfile) -> float:
     one over the gradients). The hardware profile's pipeline constants are a 2-stage probe
     between processes; on one worker they were 0 and such plans ran 10-25% over their
     predictions (issue 17). 0 when not measured."""
-    ran = profile.world_of_one_s
-    if "hybrid" not in ran or "serial" not in ran:
-        return 0.0
     counted = gradient_pass_time(profile, range(len(profile.blocks))) * (1 + 2 / 3)
-    return max(0.0, ran["hybrid"] - ran["serial"] - counted)
+    return max(0.0, profile.overhead_s("hybrid") - counted)

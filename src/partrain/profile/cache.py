@@ -149,16 +149,8 @@ def hardware_for(workers: int, directory=None, refresh: bool = False,
             print(f"partrain: {_problem(err)}: measuring it again", file=sys.stderr)
     from partrain.profile.hardware import profile_hardware
 
-    for attempt in range(BUSY_ATTEMPTS):  # as a model profile: a busy machine's collectives are not kept
-        profile = profile_hardware(workers, backend=backend)
-        if profile.other_load < BUSY_SHARE:
-            return profile, profile.save(path), False
-        if attempt + 1 < BUSY_ATTEMPTS:
-            print(f"partrain: other processes used {profile.other_load:.0%} of the CPU while the collectives were "
-                  "timed; measuring again", file=sys.stderr)
-    print(f"partrain: the machine stayed busy ({profile.other_load:.0%} of the CPU taken by other processes): this "
-          "hardware profile is used once and not cached; profile again when the machine is quiet", file=sys.stderr)
-    return profile, None, False
+    profile, quiet = _measure_quietly(lambda: profile_hardware(workers, backend=backend), "the collectives were timed")
+    return profile, profile.save(path) if quiet else None, False
 
 
 def profile_path(directory: Path, model: str, dataset: str, batch_sizes: list[int], threads: int,
@@ -188,17 +180,27 @@ def load_or_profile(model: str, dataset: str, batch_sizes: list[int], threads: i
             print(f"partrain: {_problem(err)}: measuring it again", file=sys.stderr)
     from partrain.profile.model import profile_model
 
-    for attempt in range(BUSY_ATTEMPTS):
-        profile = profile_model(model, dataset, batch_sizes, threads, data_dir, synthetic, options,
-                                device=run.device_kind, precision=run.precision, channels_last=run.channels_last,
-                                compile=run.compile)
-        if profile.other_load < BUSY_SHARE:
-            profile.save(path)
-            return profile, path, False
-        if attempt + 1 < BUSY_ATTEMPTS:
-            print(f"partrain: other processes used {profile.other_load:.0%} of the CPU while {model} was profiled; "
-                  "measuring again", file=sys.stderr)
-    # still contended: good enough for this command's answer, never kept to spoil the next one
-    print(f"partrain: the machine stayed busy ({profile.other_load:.0%} of the CPU taken by other processes): "
-          f"this profile is used once and not cached; profile again when the machine is quiet", file=sys.stderr)
+    profile, quiet = _measure_quietly(
+        lambda: profile_model(model, dataset, batch_sizes, threads, data_dir, synthetic, options, device=run.device_kind,
+                              precision=run.precision, channels_last=run.channels_last, compile=run.compile),
+        f"{model} was profiled")
+    if quiet:
+        profile.save(path)
     return profile, path, False
+
+
+def _measure_quietly(measure, what: str):
+    """``measure()`` (a model or hardware profile), again while other processes took
+    ``BUSY_SHARE`` or more of the CPU, at most ``BUSY_ATTEMPTS`` times: (the last profile,
+    whether it is quiet enough to keep). A contended one is good enough for this command's
+    answer, never kept to spoil the next one. ``what`` says what was measured, in the messages."""
+    for attempt in range(BUSY_ATTEMPTS):
+        profile = measure()
+        if profile.other_load < BUSY_SHARE:
+            return profile, True
+        if attempt + 1 < BUSY_ATTEMPTS:
+            print(f"partrain: other processes used {profile.other_load:.0%} of the CPU while {what}; measuring again",
+                  file=sys.stderr)
+    print(f"partrain: the machine stayed busy ({profile.other_load:.0%} of the CPU taken by other processes): "
+          "this profile is used once and not cached; profile again when the machine is quiet", file=sys.stderr)
+    return profile, False

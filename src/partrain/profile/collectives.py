@@ -140,7 +140,7 @@ def background_load(enabled: bool):
 
 
 def measure_collectives(group, group_ranks: list[int], pair: tuple[int, int], sizes: list[int], device,
-                        alone=None) -> tuple[dict, list[str]]:
+                        alone) -> tuple[dict, list[str]]:
     """Every rank of the world calls this; returns ({collective: [(bytes, seconds)]}, notes).
 
     The ranks of ``group_ranks`` run the collectives on ``group``; ranks outside it, if
@@ -193,8 +193,7 @@ def _ddp_sync_cost(nbytes: int, group, alone, inside: bool, device) -> float:
     not in it: the model profile measures that for the model itself (``world_of_one_s``),
     with its own parameters and buckets, and the predictor adds it once. (Against the bare
     module, on 2 idle gloo workers, this was 0.83-0.99 ms for a bucket of 16 B to 256 KB, of
-    which 0.14-0.24 ms was that world-of-one bookkeeping, counted twice.) Without a group of
-    one (``alone`` None) the bare module is the baseline."""
+    which 0.14-0.24 ms was that world-of-one bookkeeping, counted twice.)"""
     flat = _Flat(max(1, nbytes // 4)).to(device)
     x = torch.ones_like(flat.w)
 
@@ -205,7 +204,7 @@ def _ddp_sync_cost(nbytes: int, group, alone, inside: bool, device) -> float:
     cap = nbytes / 2**20 + 1
     ddp = DistributedDataParallel(flat, process_group=group, bucket_cap_mb=cap) if inside else None
     one = DistributedDataParallel(_Flat(flat.w.numel()).to(device), process_group=alone, bucket_cap_mb=cap) \
-        if inside and alone is not None else flat
+        if inside else None
     base = _timed((lambda: step(one)) if inside else (lambda: None), repeats_for(nbytes))
     synced = _timed((lambda: step(ddp)) if inside else (lambda: None), repeats_for(nbytes))
     return max(0.0, synced - base)
