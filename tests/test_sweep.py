@@ -143,6 +143,29 @@ def test_a_trial_failed_by_ctrl_c_is_queued_again_once_and_an_error_is_a_verdict
     assert len(waiting) == 1 and waiting[0].params == interrupted.params
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat")
+def test_a_trial_killed_before_it_named_its_slot_is_reclaimed_after_the_grace_period(tmp_path, monkeypatch):
+    """Killed between Optuna's ask and the objective's first line, a trial has no pid and no
+    heartbeat: without this the slots of the next run would wait on it for ever."""
+    import socket
+
+    from partrain.sweep import study as study_module
+
+    settings = SweepSettings(storage_url(str(tmp_path / "s.db"), "s"), "s", 8, parse_space(["lr"], "mlp"), RunConfig())
+    study = open_study(settings, create=True)
+    orphan, live = study.ask(), study.ask()
+    live.set_user_attr("host", socket.gethostname())
+    live.set_user_attr("pid", os.getpid())  # this process: alive
+    assert study_module.reclaim_interrupted(study) == 0  # young: its slot may be naming itself now
+    monkeypatch.setattr(study_module, "GRACE_S", 0.05)
+    time.sleep(0.1)
+    assert study_module.reclaim_interrupted(study) == 1
+    states = {t.number: t.state.name for t in study.trials}
+    assert states[orphan.number] == "FAIL" and states[live.number] == "RUNNING"
+    assert [t.state.name for t in study.trials[2:]] == ["WAITING"]  # queued again, once
+    assert study_module.reclaim_interrupted(study) == 0
+
+
 # ---- end to end --------------------------------------------------------------------------------
 
 

@@ -29,8 +29,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import random
 import sqlite3
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
@@ -145,14 +147,15 @@ class Store:
             if create:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self.db = sqlite3.connect(self.path, timeout=30)
+                self.db.row_factory = sqlite3.Row
+                self._check_ours()  # before the first write; again under the write lock in _prepare
+                self._prepare()
             else:  # only read: also a store in a folder we may not write (immutable: no -shm file needed)
                 writable = os.access(self.path.parent, os.W_OK) and os.access(self.path, os.W_OK)
                 uri = f"{self.path.resolve().as_uri()}?{'mode=ro' if writable else 'immutable=1'}"
                 self.db = sqlite3.connect(uri, uri=True, timeout=30)
-            self.db.row_factory = sqlite3.Row
-            self._check_ours()
-            if create:
-                self._prepare()
+                self.db.row_factory = sqlite3.Row
+                self._check_ours()
         except sqlite3.DatabaseError as err:
             raise PartrainError(f"results store {self.path} cannot be opened: {err}") from None
         except OSError as err:
@@ -173,9 +176,13 @@ class Store:
             )
 
     def _prepare(self) -> None:
-        self.db.execute("PRAGMA journal_mode=WAL")
+        """Create or migrate the table in one write transaction, so that two runs opening a new
+        store at once see it either absent or whole (never a table without its schema version)."""
+        self._wal()
         self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a killed process
         with self.db:
+            self.db.execute("BEGIN IMMEDIATE")  # the write lock now, waiting up to the connection's timeout
+            self._check_ours()
             columns = ",\n  ".join(f'"{name}" {sql}' for name, sql, _ in COLUMNS)
             self.db.execute(f"CREATE TABLE IF NOT EXISTS cells (\n  {columns}\n)")
             self._add_missing_columns()
@@ -184,6 +191,20 @@ class Store:
             self.db.execute("CREATE INDEX IF NOT EXISTS cells_by_config ON cells(model, dataset, strategy, workers, batch_size)")
             self.db.execute("CREATE INDEX IF NOT EXISTS cells_by_baseline ON cells(baseline_key)")
             self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _wal(self, wait_s: float = 30.0) -> None:
+        """Switch to write-ahead logging, which lets readers go on beside a writer. The switch
+        needs the database to itself and SQLite answers "locked" at once, without waiting out
+        the busy timeout, while another connection is opening it, so wait here."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self.db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02 + 0.08 * random.random())
 
     def _migrate(self) -> None:
         """Schema 1 -> 2, inside ``_prepare``'s transaction, once ``_add_missing_columns`` has

@@ -8,7 +8,8 @@ runs trials one after another, each trial ``k``-way data parallel; ``W / k`` slo
 training itself raised (its error is kept). A trial interrupted by a kill never reaches one:
 it stays RUNNING in the storage. It is reclaimed -- marked FAIL and queued again with the
 same parameters (Optuna's RetryHeartbeatStaleTrialCallback) -- at once when its slot ran on
-this host and that process is gone, else when its heartbeat is older than the grace period.
+this host and that process is gone, else when its heartbeat is older than the grace period,
+or when it never named its slot within that period (killed just after Optuna created it).
 So a killed sweep, run again, reruns what was interrupted, keeps what finished, and counts
 nothing twice.
 """
@@ -186,6 +187,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _slot_gone(t, host: str) -> bool:
+    """The trial ran in a slot on this host and that process is gone."""
+    return t.user_attrs.get("host") == host and "pid" in t.user_attrs and not _alive(t.user_attrs["pid"])
+
+
+def _orphan(t) -> bool:
+    """The trial says neither where it runs nor that it is alive: its slot was killed between
+    Optuna's ask and the objective's first line, before the heartbeat thread's first beat.
+    Optuna's stale check never sees a trial without a heartbeat, so, unclaimed, it would stay
+    RUNNING for ever and the slots would wait on it. A live slot names itself within
+    milliseconds of the ask; after the grace period nobody will."""
+    from datetime import datetime
+
+    return "pid" not in t.user_attrs and t.datetime_start is not None \
+        and (datetime.now() - t.datetime_start).total_seconds() > GRACE_S
+
+
 def reclaim_interrupted(study, failed_too: bool = False) -> int:
     """Fail and requeue this host's RUNNING trials whose slot process is gone, and every
     trial whose heartbeat went stale (Optuna's own check, for other hosts). With
@@ -202,8 +220,7 @@ def reclaim_interrupted(study, failed_too: bool = False) -> int:
         retry = RetryHeartbeatStaleTrialCallback()
     trials = study.get_trials(deepcopy=False)
     for t in trials:
-        if t.state == TrialState.RUNNING and t.user_attrs.get("host") == host and "pid" in t.user_attrs \
-                and not _alive(t.user_attrs["pid"]):
+        if t.state == TrialState.RUNNING and (_slot_gone(t, host) or _orphan(t)):
             try:  # atomic: of several slots reclaiming at once, one succeeds
                 storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
             except UpdateFinishedTrialError:
