@@ -346,7 +346,7 @@ def test_world_of_one_timings_are_reproduced_value_by_value(mlp_profile, cluster
     hw = dataclasses.replace(cluster, compute_speed=1.0, compute_sharing={}, sync_s={})
     parts = compute.parts_step(mlp_profile, 4, "sgd-momentum")
     ran = {"serial": parts + 0.0005, "ddp": parts + 0.0015, "local-sgd": parts + 0.0025}
-    prof = dataclasses.replace(mlp_profile, world_of_one_s=ran, world_of_one_batch=4)
+    prof = dataclasses.replace(mlp_profile, world_of_one_s=ran, world_of_one_batch=4, loop_s=[])  # the loop at b=4 only
     one = dict(workers=1, batch_size=4, threads=1)
     assert compute.loop_time(prof) == pytest.approx(0.0005)
     assert predict_plan(prof, hw, Plan("serial", **one)).seconds_per_step == pytest.approx(ran["serial"])
@@ -354,11 +354,27 @@ def test_world_of_one_timings_are_reproduced_value_by_value(mlp_profile, cluster
     assert predict_plan(prof, hw, Plan("local-sgd", dp=1, **one)).seconds_per_step == pytest.approx(ran["local-sgd"])
     # on two workers DDP's and the averager's own work is still there
     two = dict(workers=2, batch_size=32, dp=2, threads=1)
-    bare = dataclasses.replace(mlp_profile, world_of_one_s={})
+    bare = dataclasses.replace(mlp_profile, world_of_one_s={}, loop_s=[])
     for strategy, extra in (("ddp", 0.001), ("local-sgd", 0.002)):
         with_it = predict_plan(prof, hw, Plan(strategy, **two)).seconds_per_step
         without = predict_plan(bare, hw, Plan(strategy, **two)).seconds_per_step
         assert with_it - without == pytest.approx(0.0005 + extra)
+
+
+def test_the_cpu_loop_grows_as_the_bare_loop_and_serial_steps_reproduce_it(mlp_profile, cluster):
+    """The measured profile's loop on a CPU: partrain's loop at the smallest batch, then as the
+    probe's bare loop and the batch loading grow; a serial step at any profiled size is it."""
+    from partrain.profile.model import _cpu_loop
+
+    assert len(mlp_profile.loop_s) == len(mlp_profile.batch_sizes) and min(mlp_profile.loop_s) > 0
+    assert mlp_profile.loop_s[0] == pytest.approx(mlp_profile.world_of_one_s["serial"])
+    memory = {"world_of_one": {"serial": 0.010}, "bare_loop": [0.004, 0.009, 0.030]}
+    assert _cpu_loop(memory, [0.001, 0.002, 0.005]) == pytest.approx([0.010, 0.016, 0.040])
+    assert _cpu_loop({"world_of_one": {}, "bare_loop": [0.004]}, [0.001]) == []  # no anchor: not measured
+    hw = dataclasses.replace(cluster, compute_speed=1.0, compute_sharing={}, sync_s={})
+    for b, loop in zip(mlp_profile.batch_sizes, mlp_profile.loop_s):
+        serial = predict_plan(mlp_profile, hw, Plan("serial", workers=1, batch_size=b, threads=1))
+        assert serial.seconds_per_step == pytest.approx(loop, rel=1e-9)
 
 
 def test_a_one_worker_pipeline_pays_the_runtime_measured_on_a_world_of_one(mlp_profile, cluster):

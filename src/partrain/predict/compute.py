@@ -122,11 +122,13 @@ def loop_time(profile: ModelProfile, b: float | None = None) -> float:
     profile on a world of one (SGD with momentum, its default), less the sum of the parts at
     that batch size. 0 when not measured.
 
-    On a GPU the loop was timed at every profiled batch size (``ModelProfile.loop_s``) and the
-    difference is interpolated at ``b``; it may be negative there: separately synchronised
-    blocks each pay a launch latency that the loop overlaps, and the loop's data path (data
-    kept on the device) is cheaper than the profile's host batch copied over. A serial step
-    is then the measured loop itself, interpolated."""
+    Where the loop was timed at every profiled batch size (``ModelProfile.loop_s``) the
+    difference is interpolated at ``b``. On a CPU it grows with the batch: the whole step's
+    activations outgrow the cache that each block, timed alone, ran in. On a GPU it may be
+    negative: separately synchronised blocks each pay a launch latency that the loop
+    overlaps, and the loop's data path (data kept on the device) is cheaper than the
+    profile's host batch copied over. A serial step is then the measured loop itself,
+    interpolated. Without ``b`` (a pipeline stage's share) it is the world-of-one constant."""
     if profile.loop_s and b is not None:
         return at(profile, profile.loop_s, b) - parts_step(profile, b, "sgd-momentum")
     ran = profile.world_of_one_s.get("serial")

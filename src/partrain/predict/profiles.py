@@ -208,8 +208,10 @@ class ModelProfile(JsonProfile):
     # on a GPU the memory figures above are the CUDA caching allocator's (allocated bytes, what
     # train reports as its peak); these are its reserved peaks, one per batch size
     train_peak_reserved_bytes: list[int] = field(default_factory=list)
-    # on a GPU: partrain's serial training loop, seconds per step at each batch size as train
-    # reports it (the median after warm-up), run for the allocator peaks anyway; empty on CPU
+    # partrain's serial training loop, seconds per step at each batch size as train reports it
+    # (the median after warm-up): on a GPU run for the allocator peaks anyway; on a CPU its
+    # world-of-one step grown as the memory probe's bare loop grows (profile.model._cpu_loop).
+    # Empty in a profile from before it was measured (the loop is then the sum of its parts)
     loop_s: list[float] = field(default_factory=list)
 
     # k workers side by side -> this model's forward + backward time over its time alone, measured

@@ -249,6 +249,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         if corunners is not None:
             corunners.close()
     whole = {key: [w[key] for _, w in per_batch] for key in per_batch[0][1]}
+    loop = memory.get("loop") or _cpu_loop(memory, whole["data_s"])
     return ModelProfile(
         model=model, dataset=dataset, synthetic=synthetic, batch_sizes=batch_sizes, threads=threads,
         fingerprint=fingerprint().hash, input_shape=list(spec.input_shape),
@@ -259,8 +260,21 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         other_load=others, options=options, world_of_one_s=memory["world_of_one"],
         world_of_one_batch=min(batch_sizes), device=device_name(dev), precision=precision,
         channels_last=channels_last, compile=compile, train_peak_reserved_bytes=memory.get("train_peaks_reserved", []),
-        loop_s=memory.get("loop", []), compute_sharing=sharing, sharing_batch=sharing_batch,
+        loop_s=loop, compute_sharing=sharing, sharing_batch=sharing_batch,
     )
+
+
+def _cpu_loop(memory: dict, data_s: list[float]) -> list[float]:
+    """partrain's serial loop at every profiled batch size on a CPU: its time on a world of one
+    at the smallest size, grown as the probe's bare loop (forward, loss, backward, SGD step on
+    one batch) and the profile's batch loading grow. The loop is not the sum of its blocks: a
+    block timed alone runs on a warm cache, the whole step's activations do not fit in one
+    (the gallery's tuple-passing token model stepped 13.3 ms at batch 128 where its parts summed
+    to 12.0; at batch 4, 1.06 against 0.73). Empty when the probe did not time them."""
+    bare, ran = memory.get("bare_loop") or [], memory.get("world_of_one", {}).get("serial")
+    if ran is None or len(bare) != len(data_s):
+        return []
+    return [ran + (t + d) - (bare[0] + data_s[0]) for t, d in zip(bare, data_s)]
 
 
 def _name_of(model: nn.Module, block: nn.Module) -> str:

@@ -17,6 +17,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -68,23 +69,43 @@ def baseline_probe() -> None:
     net = place(build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"]), cpu,
                 run["channels_last"])
     torch.ones(64, 64) @ torch.ones(64, 64)  # start the intra-op thread pool
-    out = {"rss": _status_bytes("VmRSS"), "peak": _status_bytes("VmHWM"), "train_peaks": []}
+    out = {"rss": _status_bytes("VmRSS"), "peak": _status_bytes("VmHWM"), "train_peaks": [], "bare_loop": []}
     opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
     for b in sorted(args["batch_sizes"]):
         x, y = train_set.get(torch.arange(b) % len(train_set))
         x = place_input(x, cpu, run["channels_last"])
-        for _ in range(2):  # the first step allocates the momentum, the second runs with it
+
+        def step():
             opt.zero_grad(set_to_none=True)
             with autocast(cpu, run["precision"]):
                 loss = loss_fn(net(x), y)
             loss.backward()
             opt.step()
+
+        step()  # the first step allocates the momentum, the later ones run with it
+        out["bare_loop"].append(_time_steps(step))
         out["train_peaks"].append(_status_bytes("VmHWM"))
     steps = args["world_of_one_steps"]
     out["world_of_one"] = _time_world_of_one(args) if steps else {}
     x, y = train_set.get(torch.arange(min(args["batch_sizes"])) % len(train_set))
     out["replica_wrapper"] = _time_replica_wrapper(args, x, y, max(2, steps // 2)) if steps else 0.0
     print(json.dumps(out))
+
+
+BARE_LOOP_TARGET_S, BARE_LOOP_MAX_STEPS = 0.1, 20
+
+
+def _time_steps(step) -> float:
+    """Seconds of one ``step``: the lower half's median of 3 to 21 calls, about
+    ``BARE_LOOP_TARGET_S`` in all (about 2% of a profile of the gallery's models)."""
+    start = time.perf_counter()
+    step()
+    times = [time.perf_counter() - start]
+    for _ in range(min(BARE_LOOP_MAX_STEPS, max(2, round(BARE_LOOP_TARGET_S / times[0])))):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return lower_half_median(times)
 
 
 WORLD_OF_ONE = tuple(name for name, spec in SPECS.items() if spec.world_of_one_probe)
