@@ -70,6 +70,19 @@ def test_fit_goes_piecewise_where_one_line_does_not_fit():
     assert fit.segments[-1].bandwidth == pytest.approx(large[1], rel=0.05)
 
 
+def test_the_large_messages_of_a_slow_link_get_their_own_segment():
+    """A ping-pong over a 100 Mbit/s emulated link (profile --hardware, seconds): latency-bound
+    below 4 KiB, the rate above. Cut one point at a time, 16 KiB-4 MiB shared one line whose
+    slope the 16 KiB point held down, and 4 MiB came out at 220 ms."""
+    points = [(16, 7.58e-05), (64, 1.317e-04), (256, 8.08e-05), (1024, 6.066e-04), (4096, 4.647e-04),
+              (16384, 6.903e-04), (65536, 2.7722e-03), (262144, 1.69742e-02), (1048576, 8.28897e-02),
+              (4194304, 3.460142e-01)]
+    fit = fit_cost([n for n, _ in points], [t for _, t in points])
+    for n, t in points[-3:]:  # (256 KiB still partly fits in the token bucket's burst)
+        assert fit.time(n) == pytest.approx(t, rel=0.15)
+    assert fit.segments[-1].bandwidth == pytest.approx(12.5e6, rel=0.1)  # 100 Mbit/s
+
+
 def test_timings_are_made_monotone_before_the_fit():
     from partrain.predict.fits import monotone
 
