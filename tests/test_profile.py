@@ -190,5 +190,5 @@ def test_hardware_profile_measures_every_collective(tmp_path):
     assert set(hw.compute_sharing) == set(hw.sync_s) == {2}
     assert hw.compute_sharing[2] >= 1.0 and hw.sync_s[2] >= 0.0
     probe = hw.points["compute_sharing"]["2"]
-    assert probe["alone_s"] > 0 and probe["together_s"] > 0 and probe["synced_s"] > 0 and probe["idle_s"] > 0
+    assert probe["alone_s"] > 0 and probe["together_s"] > 0 and probe["synced_s"] > 0
     assert HardwareProfile.load(hw.save(tmp_path / "hw.json")) == hw

@@ -67,9 +67,8 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
 # DDP on k ranks over DDP on a world of one, no longer over the bare module (it counted DDP's
 # world-of-one bookkeeping, which the model profile holds, a second time). 3: the sync after
 # computing is a window's mean, as the computing side by side is; the runtime's cost per action
-# is timed before the other workers' background load starts. 4: that sync is over the same
-# allreduce between idle ranks timed beside it, not over the collective fits' figure
-MEASUREMENT = 4
+# is timed before the other workers' background load starts
+MEASUREMENT = 3
 
 
 @dataclass

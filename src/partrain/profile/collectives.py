@@ -324,10 +324,9 @@ def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int
     the others wait (``alone_s``); on every rank at once for ``window_s`` (``together_s``,
     averaged over the ranks: sharing cores, SMT siblings, caches and memory bandwidth, which a
     core count alone does not tell); and on every rank at once, each followed by a 4-byte
-    allreduce (``synced_s``); and that allreduce alone, as often (``idle_s``). Alone and side
-    by side alternate over ``rounds`` and each
+    allreduce (``synced_s``). Alone and side by side alternate over ``rounds`` and each
     keeps its median: one run of the 2-worker probe measured 1.31x where others measured
-    1.00-1.06x. ``synced_s - together_s - idle_s`` is what one synchronisation point of a training
+    1.00-1.06x. ``synced_s - together_s`` is what one synchronisation point of a training
     step costs beyond the computation: the slowest rank's lead, and waking ranks that went
     idle waiting, which on a virtual machine takes far longer than a collective between busy
     ranks.
@@ -351,7 +350,7 @@ def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int
     dist.broadcast(count, dist.get_global_rank(group, 0), group=group)
     n = int(count.item())
     token = torch.zeros(1, device=device)
-    alone, together, synced, idle = [], [], [], []
+    alone, together, synced = [], [], []
     for _ in range(rounds):  # alternated: a passing slowdown of the machine spoils one round, not the median
         dist.barrier(group)
         alone.append(_median_of(lambda: burn(n), repeats) if rank == 0 else 0.0)
@@ -365,11 +364,6 @@ def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int
         calls = max(3, round(window_s / together[-1]))  # together[-1] is the same on every rank
         synced.append(_seconds_per_call_side_by_side(lambda: (burn(n), dist.all_reduce(token, group=group)),
                                                      window_s, group, device, calls=calls))
-        # and the allreduce alone, between idle ranks, as often: what the collective fits count.
-        # (Taken from the fits instead, measured minutes apart, 4 workers on 2 cores read 2.2 to
-        # 3.8 ms for a few bytes and their sync 0.0 and 0.3 ms; beside it, 1.1-1.3 and 1.4-2.0 ms)
-        idle.append(_seconds_per_call_side_by_side(lambda: dist.all_reduce(token, group=group), window_s, group,
-                                                   device, calls=calls))
     dist.barrier(group)
     return {"alone_s": statistics.median(alone), "together_s": statistics.median(together),
-            "synced_s": statistics.median(synced), "idle_s": statistics.median(idle)}
+            "synced_s": statistics.median(synced)}

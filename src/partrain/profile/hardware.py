@@ -149,16 +149,12 @@ def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200) -> tuple
 def fit_compute_sharing(probes: dict, collectives: dict[int, dict[str, CostFit]]) -> tuple[dict[int, float], dict[int, float]]:
     """From ``measure_compute_sharing``'s timings per busy-worker count k: (k -> slowdown of
     computing side by side, never below 1; k -> cost of a synchronisation after computing
-    beyond the allreduce of a few bytes between idle ranks that the collective fits already count,
-    never below 0)."""
+    beyond the hot allreduce of a few bytes that the collective fits already count, never below 0)."""
     sharing, sync = {}, {}
     for k, t in probes.items():
         k = int(k)
         sharing[k] = max(1.0, t["together_s"] / t["alone_s"])
-        if "idle_s" in t:  # the allreduce between idle ranks, timed beside the others
-            hot = t["idle_s"]
-        else:
-            hot = collectives[k]["allreduce"].time(4) if "allreduce" in collectives.get(k, {}) else 0.0
+        hot = collectives[k]["allreduce"].time(4) if "allreduce" in collectives.get(k, {}) else 0.0
         sync[k] = max(0.0, t["synced_s"] - t["together_s"] - hot)
     return sharing, sync
 
