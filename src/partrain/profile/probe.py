@@ -1,7 +1,9 @@
 """The memory probe: a fresh process set up as a training worker is, measuring what only a
 fresh process can show (its resident memory after set-up and after a few steps) and what
 partrain's own loop costs on a world of one, per strategy, and inside a hybrid's replica
-wrapper. ``profile.model`` starts it (``measure_memory``) and folds its figures into the profile.
+wrapper; on a CPU it also times a bare serial loop at every profiled batch size ("bare_loop"),
+which ``profile.model`` turns into the loop's step time there. ``profile.model`` starts it
+(``measure_memory``) and folds its figures into the profile.
 
 On a GPU (``cuda_probe``) the memory is the CUDA caching allocator's: the bytes the model's
 parameters and buffers take once placed, and the peaks (allocated, what ``train`` reports, and
