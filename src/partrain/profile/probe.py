@@ -19,7 +19,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -36,7 +35,7 @@ from partrain.distributed.spawn import child_env, python_command
 from partrain.errors import PartrainError
 from partrain.models import build_model
 from partrain.profile.numerics import autocast, place, place_input
-from partrain.profile.timing import Stopwatch, lower_half_median
+from partrain.profile.timing import Stopwatch, lower_half_median, median_times, timed
 from partrain.spec import SPECS
 from partrain.strategies.base import (
     loss_fn,  # class or per-token cross-entropy, as training scores it
@@ -77,15 +76,15 @@ def baseline_probe() -> None:
         x, y = train_set.get(torch.arange(b) % len(train_set))
         x = place_input(x, cpu, run["channels_last"])
 
-        def step():
+        def step(x=x, y=y):
             opt.zero_grad(set_to_none=True)
             with autocast(cpu, run["precision"]):
                 loss = loss_fn(net(x), y)
             loss.backward()
             opt.step()
 
-        step()  # the first step allocates the momentum, the later ones run with it
-        out["bare_loop"].append(_time_steps(step))
+        # the warm-up step allocates the momentum, the timed ones run with it
+        out["bare_loop"].append(median_times(timed(step), max_repeats=BARE_LOOP_MAX_STEPS, target_s=BARE_LOOP_TARGET_S)[0])
         out["train_peaks"].append(_status_bytes("VmHWM"))
     steps = args["world_of_one_steps"]
     out["world_of_one"] = _time_world_of_one(args) if steps else {}
@@ -94,20 +93,7 @@ def baseline_probe() -> None:
     print(json.dumps(out))
 
 
-BARE_LOOP_TARGET_S, BARE_LOOP_MAX_STEPS = 0.1, 20
-
-
-def _time_steps(step) -> float:
-    """Seconds of one ``step``: the lower half's median of 3 to 21 calls, about
-    ``BARE_LOOP_TARGET_S`` in all (about 2% of a profile of the gallery's models)."""
-    start = time.perf_counter()
-    step()
-    times = [time.perf_counter() - start]
-    for _ in range(min(BARE_LOOP_MAX_STEPS, max(2, round(BARE_LOOP_TARGET_S / times[0])))):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return lower_half_median(times)
+BARE_LOOP_TARGET_S, BARE_LOOP_MAX_STEPS = 0.1, 21  # 3 to 21 timed steps, about 0.1 s (2% of a gallery model's profile)
 
 
 WORLD_OF_ONE = tuple(name for name, spec in SPECS.items() if spec.world_of_one_probe)
