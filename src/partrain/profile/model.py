@@ -249,7 +249,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         if corunners is not None:
             corunners.close()
     whole = {key: [w[key] for _, w in per_batch] for key in per_batch[0][1]}
-    loop = memory.get("loop") or _cpu_loop(memory, whole["data_s"])
+    loop = memory.get("loop") or _cpu_loop(memory)
     return ModelProfile(
         model=model, dataset=dataset, synthetic=synthetic, batch_sizes=batch_sizes, threads=threads,
         fingerprint=fingerprint().hash, input_shape=list(spec.input_shape),
@@ -264,17 +264,19 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
     )
 
 
-def _cpu_loop(memory: dict, data_s: list[float]) -> list[float]:
+def _cpu_loop(memory: dict) -> list[float]:
     """partrain's serial loop at every profiled batch size on a CPU: its time on a world of one
-    at the smallest size, grown as the probe's bare loop (forward, loss, backward, SGD step on
-    one batch) and the profile's batch loading grow. The loop is not the sum of its blocks: a
-    block timed alone runs on a warm cache, the whole step's activations do not fit in one
-    (gpt at batch 128: a 105.3 ms loop where its parts summed to 90.7; at batch 4, 4.05
-    against 3.55). Empty when the probe did not time them."""
+    at the smallest size, grown as the probe's bare loop grows (load a new batch, forward,
+    loss, backward, SGD step). The loop is not the sum of its parts: a block timed alone runs
+    on a warm cache, the whole step's activations do not fit in one (gpt at batch 128: a 105.3
+    ms loop where its parts summed to 90.7; at batch 4, 4.05 against 3.55), and a new batch
+    read each step evicts part of what the last one left (MNIST at batch 128: 1.3 ms over a
+    step on one batch, where loading it alone took 1.0). Empty when the probe did not time
+    them."""
     bare, ran = memory.get("bare_loop") or [], memory.get("world_of_one", {}).get("serial")
-    if ran is None or len(bare) != len(data_s):
+    if ran is None or not bare:
         return []
-    return [ran + (t + d) - (bare[0] + data_s[0]) for t, d in zip(bare, data_s)]
+    return [ran + t - bare[0] for t in bare]
 
 
 def _name_of(model: nn.Module, block: nn.Module) -> str:
