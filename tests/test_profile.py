@@ -68,6 +68,42 @@ def test_step_statistic_shrugs_off_one_slow_sample():
     assert lower([1.0, 2.0, 3.0, 9.0, 9.0, 9.0]) == 2.0
 
 
+def test_world_of_one_strategies_take_turns_and_a_burst_spoils_one_round_only(monkeypatch):
+    """The world-of-one loop per strategy: rounds in turn that share the steps, the median of
+    each strategy's rounds kept; a strategy that cannot run drops out, serial cannot."""
+    import types
+
+    from partrain import train
+    from partrain.profile import probe
+
+    calls = []
+    slow = {("ddp", 1)}  # DDP's second round ran beside a burst of other work
+
+    def fake(cfg, info, show_progress=True):
+        calls.append((cfg.strategy, cfg.steps))
+        if cfg.strategy == "hybrid":
+            raise PartrainError("no blocks to cut")
+        turn = sum(1 for s, _ in calls if s == cfg.strategy) - 1
+        step = {"serial": 0.010, "ddp": 0.012, "local-sgd": 0.011}[cfg.strategy] * (3 if (cfg.strategy, turn) in slow else 1)
+        return types.SimpleNamespace(step_seconds=[1.0] + [step] * (cfg.steps - 1))  # a slow warm-up step first
+
+    monkeypatch.setattr(train, "train_worker", fake)
+    args = {"batch_sizes": [16, 4], "world_of_one_steps": 30, "model": "mlp", "dataset": "mnist", "data_dir": None,
+            "synthetic": True, "options": {}, "threads": 1, "run": {"precision": "fp32", "channels_last": False, "compile": False}}
+    out = probe._time_world_of_one(args)
+    assert out == pytest.approx({"serial": 0.010, "ddp": 0.012, "local-sgd": 0.011})
+    assert [s for s, _ in calls].count("hybrid") == 1  # refused once, not tried again
+    assert [s for s, _ in calls[:4]] == list(probe.WORLD_OF_ONE)  # turns: every strategy once per round
+    assert {steps for _, steps in calls} == {1 + 30 // 3}
+    args["world_of_one_steps"] = 2  # a big model's two steps: one round
+    calls.clear()
+    probe._time_world_of_one(args)
+    assert [s for s, _ in calls] == list(probe.WORLD_OF_ONE)
+    monkeypatch.setattr(train, "train_worker", lambda cfg, info, show_progress=True: (_ for _ in ()).throw(PartrainError("x")))
+    with pytest.raises(PartrainError):
+        probe._time_world_of_one(args)
+
+
 def test_model_profile_json_round_trip(mlp, tmp_path):
     path = mlp.save(tmp_path / "p.json")
     again = ModelProfile.load(path)
