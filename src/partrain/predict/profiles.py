@@ -67,8 +67,9 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
 # DDP on k ranks over DDP on a world of one, no longer over the bare module (it counted DDP's
 # world-of-one bookkeeping, which the model profile holds, a second time). 3: the sync after
 # computing is a window's mean, as the computing side by side is; the runtime's cost per action
-# is timed before the other workers' background load starts
-MEASUREMENT = 3
+# is timed before the other workers' background load starts. 4: no sync after computing where
+# the workers fit on the cores (``profile.hardware.fit_compute_sharing``)
+MEASUREMENT = 4
 
 
 @dataclass
