@@ -2,8 +2,9 @@
 fresh process can show (its resident memory after set-up and after a few steps) and what
 partrain's own loop costs on a world of one, per strategy, and inside a hybrid's replica
 wrapper; on a CPU it also times a bare serial loop at every profiled batch size ("bare_loop":
-load a batch, forward, loss, backward, SGD step), which ``profile.model`` turns into the loop's step time there. ``profile.model`` starts it
-(``measure_memory``) and folds its figures into the profile.
+load a batch, forward, loss, backward, SGD step), which ``profile.model`` turns into the
+loop's step time there. ``profile.model`` starts it (``measure_memory``) and folds its figures
+into the profile.
 
 On a GPU (``cuda_probe``) the memory is the CUDA caching allocator's: the bytes the model's
 parameters and buffers take once placed, and the peaks (allocated, what ``train`` reports, and
@@ -200,7 +201,7 @@ def _time_world_of_one(args: dict) -> dict[str, float]:
                 **{k: args["run"][k] for k in ("precision", "channels_last", "compile")})
     medians: dict[str, list[float]] = {strategy: [] for strategy in WORLD_OF_ONE}
     for _ in range(rounds):
-        for strategy in [s for s in WORLD_OF_ONE if s in medians]:
+        for strategy in list(medians):  # WORLD_OF_ONE's order, less those that could not run
             try:
                 result = train_worker(RunConfig(strategy=strategy, **base), LaunchInfo("none"), show_progress=False)
             except PartrainError:  # e.g. a hybrid of a model no pipeline can cut, or a batch 2 micro-batches cannot split
