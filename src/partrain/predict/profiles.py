@@ -68,8 +68,9 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
 # world-of-one bookkeeping, which the model profile holds, a second time). 3: the sync after
 # computing is a window's mean, as the computing side by side is; the runtime's cost per action
 # is timed before the other workers' background load starts. 4: no sync after computing where
-# the workers fit on the cores (``profile.hardware.fit_compute_sharing``)
-MEASUREMENT = 4
+# the workers fit on the cores (``profile.hardware.fit_compute_sharing``). 5: with more workers
+# than cores, the sync is the probe's whole difference, a hot allreduce's latency not taken off
+MEASUREMENT = 5
 
 
 @dataclass

@@ -146,27 +146,31 @@ def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200) -> tuple
     return step, hop
 
 
-def fit_compute_sharing(probes: dict, collectives: dict[int, dict[str, CostFit]],
-                        cores: int) -> tuple[dict[int, float], dict[int, float]]:
+def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dict[int, float]]:
     """From ``measure_compute_sharing``'s timings per busy-worker count k: (k -> slowdown of
-    computing side by side, never below 1; k -> cost of a synchronisation after computing
-    beyond the hot allreduce of a few bytes that the collective fits already count, never
-    below 0, and 0 where the k single-threaded workers fit on the ``cores``).
+    computing side by side, never below 1; k -> what a synchronisation after computing costs
+    beyond the computing and the collective's own time in a tight loop, never below 0, and 0
+    where the k single-threaded workers fit on the ``cores``).
 
     A synchronisation costs something of its own only when workers outnumber the cores: the
     last to get its share of them sets when the collective starts, and a waiting worker wakes
-    only when a core frees up. With a core each, the probe still reads 0.30-0.67 ms for 2
-    workers on 2 cores (four profiles), about what an allreduce started from a step's end costs
-    over one in a tight loop (DDP's 0.67-0.91 ms against 0.35 ms), which the collective costs
-    the strategies pay already hold: counted, it over-predicted the gallery's 2-worker DDP and
-    local SGD cells by 24-45% and turned the top-1 hit rate over issue 17's suite from 100% to
-    75% (issue 17)."""
+    only when a core frees up. It is the probe's ``synced_s - together_s`` whole. Less the
+    fitted latency of a hot 4-byte allreduce (as measurement method 4 took it) it came out at
+    0-0.2 ms for 4 workers on 2 cores, because that latency is itself the chain of wake-ups
+    of ranks sleeping in the collective (2.2-2.5 ms, against 0.35 ms for 2): timed directly
+    there, a step of compute and an allreduce of the model's gradients took 2.0 ms (gpt, 2.5
+    MB) and 1.6 ms (the gallery's tuple_out) more than the compute and the allreduce in tight
+    loops, where the whole difference read 1.9-3.4 ms in seven profiles. With a core each,
+    the probe still reads 0.30-0.67 ms for 2 workers on 2 cores (four profiles), about what
+    an allreduce started from a step's end costs over one in a tight loop (DDP's 0.67-0.91
+    ms against 0.35 ms), which the collective costs the strategies pay already hold: counted,
+    it over-predicted the gallery's 2-worker DDP and local SGD cells by 24-45% and turned the
+    top-1 hit rate over issue 17's suite from 100% to 75% (issue 17)."""
     sharing, sync = {}, {}
     for k, t in probes.items():
         k = int(k)
         sharing[k] = max(1.0, t["together_s"] / t["alone_s"])
-        hot = collectives[k]["allreduce"].time(4) if "allreduce" in collectives.get(k, {}) else 0.0
-        sync[k] = max(0.0, t["synced_s"] - t["together_s"] - hot) if k > cores else 0.0
+        sync[k] = max(0.0, t["synced_s"] - t["together_s"]) if k > cores else 0.0
     return sharing, sync
 
 
@@ -191,7 +195,7 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
     links, collectives = fit_measurements(raw)
     step_s, hop_s = fit_pipeline_runtime(raw["pipeline_probe"], raw["pipeline_action_s"])
     here = machine()
-    sharing, sync = fit_compute_sharing(raw["compute_sharing"], collectives.get("intra", {}), here.cpu_cores)
+    sharing, sync = fit_compute_sharing(raw["compute_sharing"], here.cpu_cores)
     local = raw["local_world_size"]
     cuda = raw["backend"] == "nccl"
     return HardwareProfile(
