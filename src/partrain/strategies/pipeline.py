@@ -113,7 +113,11 @@ class PipelineStepper(Stepper):
 
     def _forward_backward(self, x, y):
         self._losses = []
-        self.schedule.step(*self._inputs(x), target=y if self.has_loss else None)
+        # return_outputs=False: the loop keeps the losses, not the outputs. By default the last
+        # stage holds every micro-batch's output to the step's end and concatenates them (the
+        # gallery's tuple_out at batch 128: 8 MB of logits a step, 1F1B 12.8-13.5 ms a step
+        # against 14.5-15.6 ms with them, three pairs side by side)
+        self.schedule.step(*self._inputs(x), target=y if self.has_loss else None, return_outputs=False)
         sum_tied_gradients(self.tied)
         return torch.stack(self._losses).mean() if self.has_loss else None
 
