@@ -25,7 +25,7 @@ from partrain.predict.cluster import load_cluster
 from partrain.predict.comm import collective_time, transfer_time
 from partrain.predict.compute import interpolate
 from partrain.predict.data_parallel import ddp_buckets, overlapped_allreduce
-from partrain.predict.fits import CostFit, fit_cost
+from partrain.predict.fits import CostFit, default_sizes, fit_cost
 from partrain.predict.memory import optimizer_state_bytes, stage_state
 from partrain.predict.pipeline import stage_bounds
 from partrain.predict.pipeline_sim import (
@@ -92,6 +92,25 @@ def test_timings_are_made_monotone_before_the_fit():
     times[-1] = 0.0  # a failed difference of two timings
     fit = fit_cost(sizes, times)
     assert fit.time(sizes[-1]) >= times[-2] * 0.5  # pooled with its neighbour, not fitted as free
+
+
+def test_ddp_excess_is_robust_to_one_slow_sweep_point():
+    """DDP's allreduce over the plain one: 0.2 ms and 0.5 ns a byte, read with noise, and one
+    size (1 MiB) whose DDP sweep hit a slow spell (3x: 4 emulated nodes at 10 Gbit/s did)."""
+    from partrain.predict.fits import fit_excess
+
+    rng = random.Random(1)
+    sizes = default_sizes()
+    plain = [(1e-3 + n / 1.2e9) * rng.uniform(0.9, 1.1) for n in sizes]
+    over = [p + (2e-4 + n * 5e-10) * rng.uniform(0.8, 1.2) for n, p in zip(sizes, plain)]
+    latency, per_byte = fit_excess(sizes, plain, over)
+    assert latency == pytest.approx(2e-4, rel=0.25) and per_byte == pytest.approx(5e-10, rel=0.25)
+    spoiled = [3 * o if n == 2**20 else o for n, o in zip(sizes, over)]
+    assert fit_excess(sizes, plain, spoiled) == pytest.approx((latency, per_byte), rel=0.3)
+    # DDP's sweep faster than the plain one's: no negative cost
+    assert fit_excess(sizes, over, plain) == (0.0, 0.0)
+    fit = CostFit.line(1e-3, 1e9)
+    assert fit.plus(latency, per_byte).time(2**20) == pytest.approx(fit.time(2**20) + latency + per_byte * 2**20)
 
 
 def test_costfit_dict_round_trip():

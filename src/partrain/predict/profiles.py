@@ -69,8 +69,9 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
 # computing is a window's mean, as the computing side by side is; the runtime's cost per action
 # is timed before the other workers' background load starts. 4: no sync after computing where
 # the workers fit on the cores (``profile.hardware.fit_compute_sharing``). 5: with more workers
-# than cores, the sync is the probe's whole difference, a hot allreduce's latency not taken off
-MEASUREMENT = 5
+# than cores, the sync is the probe's whole difference, a hot allreduce's latency not taken off.
+# 6: ``ddp_allreduce`` is the plain allreduce's fit plus DDP's excess over it (``predict.fits.fit_excess``)
+MEASUREMENT = 6
 
 
 @dataclass
