@@ -57,7 +57,7 @@ def test_what_crosses_a_link_goes_through_its_rate_shaper():
         received = int(srv.communicate(timeout=60)[0])
         stats = nodes.run(0, ["tc", "-s", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True).stdout
     assert received == 20 << 20
-    assert "tbf" in stats and "rate 50Mbit" in stats
+    assert "tbf" in stats and "rate 50Mbit" in stats and "burst 64Kb" in stats  # the bucket: 64 KiB at 50 Mbit/s
     sent = int(re.search(r"Sent (\d+) bytes", stats).group(1))
     overlimits = int(re.search(r"overlimits (\d+)", stats).group(1))
     assert sent >= 20 << 20 and overlimits > 0
