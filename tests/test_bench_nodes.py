@@ -195,13 +195,13 @@ def test_the_what_if_check_reads_the_recommenders_claims():
     assert bench.claims(rec) == [(0.1, ddp, False), (10.0, ddp, False)]
 
 
-# --- real cells across namespaces (root) --------------------------------------------------
-
-
 def test_the_token_bucket_holds_a_millisecond_of_the_rate_and_a_tcp_segment_at_least():
     assert netns.tbf_burst(1000) == 125_000  # 1 Gbit/s: 1 ms is 125 kB
     assert netns.tbf_burst(10_000) == 1_250_000
     assert netns.tbf_burst(100) == netns.tbf_burst(50) == 65536  # 12.5 kB would throttle TCP's 64 KiB segments
+
+
+# --- real cells across namespaces (root) --------------------------------------------------
 
 
 def _ours() -> set[str]:
