@@ -249,6 +249,27 @@ def test_messages_are_rendezvous():
     assert starts[(1, "F", 1)] == pytest.approx(f0 + 3.0 + 0.5)
 
 
+def test_a_connection_carries_one_message_at_a_time_and_the_receive_notice_waits_behind_it():
+    # 2 stages, 1F1B, a link-bound boundary (10 s on the wire, 1 s of compute an action). The
+    # last stage sends micro-batch 0's gradient and then posts the receive of micro-batch 1's
+    # activation (Schedule1F1B fuses them): the notice crosses behind the gradient, so the
+    # activation arrives two wire times after that backward, not one. The measured cnn over
+    # 100 Mbit/s (issue 18) did this: 1F1B stepped as slowly as GPipe, 263 against 273 ms.
+    def spans(schedule: str, wire: float) -> tuple[float, dict]:
+        costs = PipelineCosts((1.0, 1.0), (1.0, 1.0), (10.0, 0.0), (0.0, 10.0), wire_fwd=(wire, 0.0), wire_bwd=(0.0, wire))
+        sim = simulate(schedule_order(schedule, 2, 4), costs)
+        t0 = min(start for *_, start, _ in sim.spans)
+        return sim.step_s, {(r, k, mb): (start - t0, end - t0) for r, k, _, mb, start, end in sim.spans if k in "FB"}
+
+    free_step, free = spans("1f1b", 0.0)  # messages that never queue: both directions overlap
+    step, queued = spans("1f1b", 10.0)
+    assert free[1, "F", 1][0] == pytest.approx(free[1, "B", 0][1] + 10.0)
+    assert queued[1, "F", 1][0] == pytest.approx(queued[1, "B", 0][1] + 20.0)
+    assert (free_step, step) == (pytest.approx(60.0), pytest.approx(90.0))
+    # GPipe's messages never cross a notice in flight: the wire changes nothing
+    assert spans("gpipe", 10.0)[0] == pytest.approx(spans("gpipe", 0.0)[0]) == pytest.approx(step)
+
+
 def test_pipeline_runtime_fit_recovers_its_constants():
     from partrain.profile.hardware import fit_pipeline_runtime
 

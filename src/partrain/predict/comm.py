@@ -74,6 +74,15 @@ def transfer_time(hw: HardwareProfile, nbytes: float, src: int, dst: int) -> flo
     return _fit_for(hw, "sendrecv", 2, tier_of(hw, [src, dst])).time(nbytes)
 
 
+def wire_time(hw: HardwareProfile, nbytes: float, src: int, dst: int) -> float:
+    """Seconds ``nbytes`` from global rank ``src`` to ``dst`` hold their connection: the
+    point-to-point fit's cost per byte, without its latency (0 on the same worker)."""
+    if src == dst or nbytes <= 0:
+        return 0.0
+    fit = _fit_for(hw, "sendrecv", 2, tier_of(hw, [src, dst]))
+    return nbytes * fit.segment(nbytes).seconds_per_byte
+
+
 def stage_transfer_time(hw: HardwareProfile, nbytes: float, src: int, dst: int) -> float:
     """Seconds for a pipeline stage's message from global rank ``src`` to ``dst``.
 

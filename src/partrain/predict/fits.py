@@ -40,11 +40,12 @@ class CostFit:
 
     segments: tuple[Segment, ...]
 
+    def segment(self, nbytes: float) -> Segment:
+        """The segment that prices a message of ``nbytes``."""
+        return next((seg for seg in self.segments if nbytes <= seg.upto_bytes), self.segments[-1])
+
     def time(self, nbytes: float) -> float:
-        for seg in self.segments:
-            if nbytes <= seg.upto_bytes:
-                return seg.time(nbytes)
-        return self.segments[-1].time(nbytes)
+        return self.segment(nbytes).time(nbytes)
 
     def scaled(self, latency_factor: float, volume_factor: float) -> CostFit:
         """The same links driven by another algorithm step count and traffic volume."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from partrain.errors import PartrainError
 from partrain.predict import compute
-from partrain.predict.comm import collective_time, stage_transfer_time
+from partrain.predict.comm import collective_time, stage_transfer_time, wire_time
 from partrain.predict.cut import balanced_bounds, bounds_from_split_points
 from partrain.predict.memory import (
     MemoryBreakdown,
@@ -67,6 +67,8 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     out = [compute.at(profile, profile.blocks[e - 1].out_bytes, b) for _, e in bounds]
     send_fwd = tuple(stage_transfer_time(hw, out[s], rank(s), rank(s + 1)) if s < n - 1 else 0.0 for s in range(n))
     send_bwd = tuple(stage_transfer_time(hw, out[s - 1], rank(s), rank(s - 1)) if s > 0 else 0.0 for s in range(n))
+    wire_fwd = tuple(wire_time(hw, out[s], rank(s), rank(s + 1)) if s < n - 1 else 0.0 for s in range(n))
+    wire_bwd = tuple(wire_time(hw, out[s - 1], rank(s), rank(s - 1)) if s > 0 else 0.0 for s in range(n))
     kind = compute.optimizer_kind(plan.optimizer, plan.momentum)
     data = compute.at(profile, profile.data_s, plan.batch_size / plan.dp) / env.speed
     wrapper = profile.replica_wrapper_s if plan.dp > 1 else 0.0  # a hybrid wraps its stages only then
@@ -89,7 +91,7 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
                + (compute.loop_time(profile) + wrapper * grad_bytes / max(1, profile.param_bytes)) / env.speed)
         runtime = StepWork("runtime", own)
         after.append((runtime, StepWork("allreduce", reduce, cpu=False), StepWork("optimizer", opt)))
-    return PipelineCosts(fwd, bwd, send_fwd, send_bwd, tuple(before), tuple(after))
+    return PipelineCosts(fwd, bwd, send_fwd, send_bwd, tuple(before), tuple(after), wire_fwd, wire_bwd)
 
 
 def simulate_plan(profile: ModelProfile, hw: HardwareProfile, plan: Plan, transfers: bool = True) -> SimResult:

@@ -15,9 +15,15 @@ Each worker (pipeline rank) executes its list of actions in order, exactly the o
 An action starts when its rank is free and its input has arrived: the forward of micro-batch
 m on stage s needs stage s-1's forward of m, the backward needs stage s+1's backward of m.
 Transfers are rendezvous, as gloo's point-to-point messages are: a message moves once the
-sender has issued it and the receiver has posted the matching receive (which the runtime
-does when it reaches the action that needs it), and then takes the boundary's transfer time;
-they occupy no worker. At the end of a step a rank waits until its sends were received
+sender has issued it and the receiver's notice that it posted the matching receive (sent when
+the runtime reaches the action that needs it) has reached the sender; then it takes the
+boundary's transfer time and occupies no worker. Each direction between two ranks is one
+connection (gloo's pair, one TCP stream): its messages go one after another, each holding it
+for the time its bytes take on the wire, and a notice travels behind whatever is on its way
+in its direction when it is posted. Where a link's wire time is long (a slow network), this
+is what 1F1B pays: a stage posts the receive of its next forward right after sending a
+gradient back (``Schedule1F1B`` fuses the two), so the next activation waits for that
+gradient to cross first. At the end of a step a rank waits until its sends were received
 (the runtime waits on its send requests before returning from ``step``). Actions computing
 at once share the machine: each runs ``slowdown(k)`` times longer while k compute. The
 predictor passes the slowdown the hardware profile measured for k workers side by side
@@ -127,16 +133,25 @@ class PipelineCosts:
     send_bwd: tuple[float, ...]  # the gradient of stage s's input to stage s - 1 (first entry unused)
     before: tuple[tuple[StepWork, ...], ...] = ()  # per rank, ahead of the schedule
     after: tuple[tuple[StepWork, ...], ...] = ()  # per rank, after it
+    # the part of send_fwd / send_bwd for which the message holds its connection (its bytes on
+    # the wire); the rest is latency. Empty: messages never queue (as on a fast link)
+    wire_fwd: tuple[float, ...] = ()
+    wire_bwd: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         # a NaN never compares as later or earlier, so the event loop would wait for it forever
-        times = [*self.fwd, *self.bwd, *self.send_fwd, *self.send_bwd]
+        times = [*self.fwd, *self.bwd, *self.send_fwd, *self.send_bwd, *self.wire_fwd, *self.wire_bwd]
         if not all(math.isfinite(t) and t >= 0 for t in times):
             raise ValueError(f"pipeline costs must be finite seconds >= 0, got {times}")
 
     def without_transfers(self) -> PipelineCosts:
         zero = tuple(0.0 for _ in self.fwd)
         return PipelineCosts(self.fwd, self.bwd, zero, zero, self.before, self.after)
+
+    def wire(self, kind: str, stage: int) -> float:
+        """How long the message ``kind`` ("F" or "B") of ``stage`` to its neighbour holds its connection."""
+        wires = self.wire_fwd if kind == "F" else self.wire_bwd
+        return wires[stage] if wires else 0.0
 
 
 @dataclass
@@ -166,6 +181,10 @@ class _Op:
     start: float = math.nan
     end: float = math.nan
     left: float = 0.0
+
+
+def _key(op: _Op) -> tuple:
+    return op.kind, op.stage, op.mb, op.step
 
 
 def _consumers(order: list[Action], rank: int, rank_of: dict[int, int], n_stages: int, step: int) -> tuple[tuple, ...]:
@@ -220,28 +239,73 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, slowdown: Callabl
     max_in_flight = [0] * n_stages
     t = 0.0
 
+    by_key = {_key(op): op for ops in ranks for op in ops if op.kind in ("F", "B")}
+    channel: dict[tuple[int, int], float] = defaultdict(float)  # (sender, receiver): when its wire frees up
+    notice: dict[tuple, float] = {}  # receiving action: when its sender learns the receive is posted
+    arrives: dict[tuple, float] = {}  # receiving action: when its input from another rank is in
+
+    def message(op: _Op) -> tuple[tuple, int, float, float] | None:
+        """The input ``op`` receives: (the action producing it, that action's rank, seconds from
+        leaving to arriving, seconds of it on the wire); None for a stage's own first input."""
+        if op.kind == "F" and op.stage > 0:
+            src, hop = op.stage - 1, costs.send_fwd[op.stage - 1]
+        elif op.kind == "B" and op.stage < n_stages - 1:
+            src, hop = op.stage + 1, costs.send_bwd[op.stage + 1]
+        else:
+            return None
+        return (op.kind, src, op.mb, op.step), rank_of[src], hop, costs.wire(op.kind, src)
+
+    def deliver(op: _Op) -> None:
+        """Send ``op``'s input once it is computed and its receive's notice is in, after the
+        messages already on the sender's connection to ``op``'s rank."""
+        producer, sender, hop, wire = message(op)
+        k = _key(op)
+        if k in arrives or k not in notice or producer not in done:
+            return
+        start = max(done[producer], notice[k], channel[sender, op.rank])
+        channel[sender, op.rank] = start + wire
+        arrives[k] = start + hop
+
+    def post(r: int) -> None:
+        """Rank ``r`` reached its next action: if its input comes from another rank, post the
+        receive, whose notice leaves behind what ``r`` is already sending that way."""
+        if idx[r] >= len(ranks[r]):
+            return
+        op = ranks[r][idx[r]]
+        msg = message(op) if op.kind in ("F", "B") else None
+        if msg is None or msg[1] == r:
+            return
+        notice[_key(op)] = max(t, channel[r, msg[1]])
+        deliver(op)
+
     def ready_at(op: _Op) -> float | None:
         """When ``op`` can start; None while an action it waits for has not finished."""
         if op.waits:  # the step's end: every message this rank sent has been received
             starts = [started.get(key) for key in op.waits]
             return None if None in starts else max([free[op.rank], *starts])
-        if op.kind == "F" and op.stage > 0:
-            prev = done.get(("F", op.stage - 1, op.mb, op.step))
-            hop = costs.send_fwd[op.stage - 1] if rank_of[op.stage - 1] != op.rank else 0.0
-        elif op.kind == "B" and op.stage < n_stages - 1:
-            prev = done.get(("B", op.stage + 1, op.mb, op.step))
-            hop = costs.send_bwd[op.stage + 1] if rank_of[op.stage + 1] != op.rank else 0.0
-        else:
+        msg = message(op) if op.kind in ("F", "B") else None
+        if msg is None:
             return free[op.rank]
-        return None if prev is None else max(free[op.rank], prev) + hop
+        producer, sender, _, _ = msg
+        at = done.get(producer) if sender == op.rank else arrives.get(_key(op))
+        return None if at is None else max(free[op.rank], at)
 
     def finish(op: _Op) -> None:
         op.end = t
-        done[(op.kind, op.stage, op.mb, op.step)] = t
+        done[_key(op)] = t
         free[op.rank] = t
+        if op.kind in ("F", "B"):  # its output leaves first: the runtime sends before it receives
+            nxt = op.stage + 1 if op.kind == "F" else op.stage - 1
+            consumer = by_key.get((op.kind, nxt, op.mb, op.step))
+            if consumer is not None and consumer.rank != op.rank:
+                deliver(consumer)
         idx[op.rank] += 1
+        post(op.rank)
         if op.kind == "B":
             in_flight[op.stage] -= 1
+
+    for r in range(n_ranks):
+        post(r)
 
     while any(idx[r] < len(ranks[r]) for r in range(n_ranks)):
         progress = True
