@@ -56,8 +56,10 @@ def test_what_crosses_a_link_goes_through_its_rate_shaper():
                       ".sendall(b'x'*(20<<20))"], check=True)
         received = int(srv.communicate(timeout=60)[0])
         stats = nodes.run(0, ["tc", "-s", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True).stdout
+        device = nodes.run(0, ["ip", "-d", "link", "show", "eth0"], capture_output=True, text=True).stdout
     assert received == 20 << 20
-    assert "tbf" in stats and "rate 50Mbit" in stats and "burst 64Kb" in stats  # the bucket: 64 KiB at 50 Mbit/s
+    assert "tbf" in stats and "rate 50Mbit" in stats and "burst 6250b" in stats  # the bucket: 1 ms at 50 Mbit/s
+    assert "gso_max_size 6250 " in device  # TCP's segments cut to fit it
     sent = int(re.search(r"Sent (\d+) bytes", stats).group(1))
     overlimits = int(re.search(r"overlimits (\d+)", stats).group(1))
     assert sent >= 20 << 20 and overlimits > 0
