@@ -246,7 +246,8 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, slowdown: Callabl
 
     def message(op: _Op) -> tuple[tuple, int, float, float] | None:
         """The input ``op`` receives: (the action producing it, that action's rank, seconds from
-        leaving to arriving, seconds of it on the wire); None for a stage's own first input."""
+        leaving to arriving, seconds of it on the wire); None for a stage's own first input and
+        for work outside the schedule."""
         if op.kind == "F" and op.stage > 0:
             src, hop = op.stage - 1, costs.send_fwd[op.stage - 1]
         elif op.kind == "B" and op.stage < n_stages - 1:
@@ -272,7 +273,7 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, slowdown: Callabl
         if idx[r] >= len(ranks[r]):
             return
         op = ranks[r][idx[r]]
-        msg = message(op) if op.kind in ("F", "B") else None
+        msg = message(op)
         if msg is None or msg[1] == r:
             return
         notice[_key(op)] = max(t, channel[r, msg[1]])
@@ -283,7 +284,7 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, slowdown: Callabl
         if op.waits:  # the step's end: every message this rank sent has been received
             starts = [started.get(key) for key in op.waits]
             return None if None in starts else max([free[op.rank], *starts])
-        msg = message(op) if op.kind in ("F", "B") else None
+        msg = message(op)
         if msg is None:
             return free[op.rank]
         producer, sender, _, _ = msg
