@@ -65,10 +65,11 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     bwd = tuple((t + grad_pass[s] * (m - 1) / m) / env.speed + action for s, t in enumerate(bwd))
     rank = lambda s: (s % plan.pp) * plan.dp  # noqa: E731  (global rank of replica 0's stage s)
     out = [compute.at(profile, profile.blocks[e - 1].out_bytes, b) for _, e in bounds]
-    send_fwd = tuple(stage_transfer_time(hw, out[s], rank(s), rank(s + 1)) if s < n - 1 else 0.0 for s in range(n))
-    send_bwd = tuple(stage_transfer_time(hw, out[s - 1], rank(s), rank(s - 1)) if s > 0 else 0.0 for s in range(n))
-    wire_fwd = tuple(wire_time(hw, out[s], rank(s), rank(s + 1)) if s < n - 1 else 0.0 for s in range(n))
-    wire_bwd = tuple(wire_time(hw, out[s - 1], rank(s), rank(s - 1)) if s > 0 else 0.0 for s in range(n))
+    # per stage, (bytes, from, to) of the message it sends on: none (0 bytes) past either end
+    ahead = [(out[s], rank(s), rank(s + 1)) if s < n - 1 else (0.0, 0, 0) for s in range(n)]
+    back = [(out[s - 1], rank(s), rank(s - 1)) if s > 0 else (0.0, 0, 0) for s in range(n)]
+    send_fwd, send_bwd = (tuple(stage_transfer_time(hw, *msg) for msg in msgs) for msgs in (ahead, back))
+    wire_fwd, wire_bwd = (tuple(wire_time(hw, *msg) for msg in msgs) for msgs in (ahead, back))
     kind = compute.optimizer_kind(plan.optimizer, plan.momentum)
     data = compute.at(profile, profile.data_s, plan.batch_size / plan.dp) / env.speed
     wrapper = profile.replica_wrapper_s if plan.dp > 1 else 0.0  # a hybrid wraps its stages only then
