@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 
@@ -231,4 +232,9 @@ def test_hardware_profile_measures_every_collective(tmp_path):
     assert hw.compute_sharing[2] >= 1.0 and hw.sync_s[2] >= 0.0
     probe = hw.points["compute_sharing"]["2"]
     assert probe["alone_s"] > 0 and probe["together_s"] > 0 and probe["synced_s"] > 0
+    # the pipeline probe: each step time the median of its rounds, all kept; both schedules, 4 and 8 micro-batches
+    steps = hw.points["pipeline"]["steps"]
+    assert sorted((s["schedule"], s["microbatches"]) for s in steps) == [("1f1b", 4), ("1f1b", 8), ("gpipe", 4), ("gpipe", 8)]
+    for s in steps:
+        assert len(s["rounds_s"]) == 9 and s["step_s"] == statistics.median(s["rounds_s"]) > 0
     assert HardwareProfile.load(hw.save(tmp_path / "hw.json")) == hw

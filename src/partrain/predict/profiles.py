@@ -74,8 +74,9 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
 # 7: emulated links' token bucket holds 1 ms of the rate, not 4 (``testing.netns.tbf_burst``):
 # a profile across the old ones timed a link that starts every message at the veth's speed.
 # 8: below 500 Mbit/s that bucket is 1 ms of the rate too, not TCP's 64 KiB segments (cut to fit
-# it): at 100 Mbit/s the old one let 64 KiB through at once after every pause
-MEASUREMENT = 8
+# it): at 100 Mbit/s the old one let 64 KiB through at once after every pause. 9: the pipeline
+# probe's step times are medians of 9 rounds of 10 steps, not 3 of 30 (``measure_pipeline_hops``)
+MEASUREMENT = 9
 
 
 @dataclass
@@ -108,6 +109,9 @@ class HardwareProfile(JsonProfile):
     points: dict = field(default_factory=dict)  # raw: tier -> group size -> name -> [[bytes, s]]; "pipeline": the probe
     method: int = MEASUREMENT  # the MEASUREMENT that took it (files without one: 1)
     other_load: float = 0.0  # share of the machine's CPU other processes used while it was measured
+    # nodes that share one machine's cores (emulated nodes): how many cores all of them share, so that
+    # compute contends machine-wide, busy workers of every node against these; 0: each node has its own
+    shared_cores: int = 0
 
     @property
     def stale(self) -> bool:
@@ -133,6 +137,7 @@ class HardwareProfile(JsonProfile):
             "compute_sharing": {str(k): v for k, v in self.compute_sharing.items()},
             "sync_s": {str(k): v for k, v in self.sync_s.items()}, "source": self.source,
             "notes": self.notes, "points": self.points, "method": self.method, "other_load": self.other_load,
+            "shared_cores": self.shared_cores,
         }
 
     @classmethod
@@ -150,7 +155,7 @@ class HardwareProfile(JsonProfile):
             {int(k): float(v) for k, v in d.get("compute_sharing", {}).items()},
             {int(k): float(v) for k, v in d.get("sync_s", {}).items()},
             d.get("source", "measured"), list(d.get("notes", [])), d.get("points", {}), int(d.get("method", 1)),
-            float(d.get("other_load", 0.0)),
+            float(d.get("other_load", 0.0)), int(d.get("shared_cores", 0)),
         )
 
 

@@ -265,15 +265,21 @@ def _median_of(run, repeats: int = 50) -> float:
     return statistics.median(samples)
 
 
-def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[int, ...] = (4, 8), rounds: int = 3) -> dict:
+def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[int, ...] = (4, 8), rounds: int = 9,
+                         steps: int = 10) -> dict:
     """Step times of a real two-stage pipeline (ranks 0 and 1) over tiny stages, per schedule and
     micro-batch count, with each stage's plain forward and backward: what a message between
     stages costs inside the runtime (waking a waiting worker included), which a ping-pong
     between two busy workers underestimates. The micro-batch counts are those of the default
-    (2 x stages) for 2 and 4 stages. Each step time is the median of ``rounds`` medians, taken in
-    turn with the others': the per-step overhead fitted from them measured 2.3 to 11.3 ms across
-    single-round 4-worker hardware profiles on this 2-core VM. Ranks 0 and 1 call this; rank 0
-    gets the result.
+    (2 x stages) for 2 and 4 stages. Each step time is the median of ``rounds`` medians of
+    ``steps`` steps, taken in turn with the others' (each round's median is kept as
+    ``rounds_s``). With more workers than cores the machine slows the probe in episodes of a
+    second or so: over 4 nodes on 2 cores, two of them busy, GPipe with 4 micro-batches read
+    5.4-6.4 ms a step in most rounds and 10-14 ms in runs of a few. Three rounds of 30 steps
+    then fitted a per-step overhead of 0.0 to 8.6 ms in 11 profiles of three placements; the
+    median of nine rounds of 10 read 6.2-6.9 ms in four runs, in a third of the time. (An
+    episode longer than most of the rounds still shows: one of nine link profiles in a
+    benchmark.) Ranks 0 and 1 call this; rank 0 gets the result.
     """
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -292,10 +298,10 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
             else:
                 run = lambda s=schedule, ys=ys: s.step(target=ys, losses=[])  # noqa: E731
             runs.append(({"schedule": name, "microbatches": m}, run, []))
-    for _ in range(rounds):  # alternated: a passing slowdown spoils one round of each, not the median
+    for _ in range(rounds):  # alternated: a passing slowdown spoils a few rounds of each, not the median
         for _, run, samples in runs:
-            samples.append(_median_of(run, repeats=30))
-    steps = [{**key, "step_s": statistics.median(samples)} for key, _, samples in runs]
+            samples.append(_median_of(run, repeats=steps))
+    timed = [{**key, "step_s": statistics.median(samples), "rounds_s": samples} for key, _, samples in runs]
     inp = x.requires_grad_(rank > 0)
     grad = torch.ones(2, width, device=device)
 
@@ -307,7 +313,7 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
     bwd = max(0.0, _median_of(forward_backward) - fwd)
     stage_s = [None, None]
     dist.all_gather_object(stage_s, (fwd, bwd), group=group)
-    return {"steps": steps, "stage_s": stage_s, "message_bytes": 2 * width * 4}
+    return {"steps": timed, "stage_s": stage_s, "message_bytes": 2 * width * 4}
 
 
 def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int = 20, window_s: float = 0.3,
