@@ -22,6 +22,7 @@ from partrain.config import RunConfig
 from partrain.errors import PartrainError
 from partrain.predict.cluster import load_cluster
 from partrain.predict.plan import Plan
+from partrain.predict.profiles import HardwareProfile
 from partrain.predict.predictor import predict_plan
 from partrain.profile.cache import hardware_across
 from partrain.testing import netns
@@ -113,10 +114,12 @@ def test_a_store_from_before_the_link_columns_opens_and_gains_them(tmp_path):
 
 def test_emulated_nodes_share_the_machines_cores():
     hw = load_cluster(Path(__file__).resolve().parents[1] / "examples" / "cluster.toml")
-    assert (bench_nodes.shares_cores(hw, 2, 2).cores_per_node, hw.compute_speed) == (1, 1.0)
-    assert (bench_nodes.shares_cores(hw, 4, 2).cores_per_node, hw.compute_speed) == (1, 0.5)  # half a core each
-    assert (bench_nodes.shares_cores(hw, 2, 16).cores_per_node, hw.compute_speed) == (8, 1.0)
-    assert "4 emulated nodes" not in hw.source and "2 emulated nodes sharing 16 cores" in hw.source
+    # every node plans its threads on its share (at least one core); compute contends machine-wide
+    for nodes, cores, per_node in ((2, 2, 1), (4, 2, 1), (2, 16, 8)):
+        shared = bench_nodes.shares_cores(dataclasses.replace(hw), nodes, cores)
+        assert (shared.cores_per_node, shared.shared_cores, shared.compute_speed) == (per_node, cores, 1.0)
+    assert "2 emulated nodes sharing 16 cores" in shared.source
+    assert HardwareProfile.from_dict(json.loads(json.dumps(shared.to_dict()))).shared_cores == 16
     # synchronising k busy workers per node costs what k x nodes busy workers cost on the machine
     two_by_two = dataclasses.replace(hw, workers_per_node=2, sync_s={2: 0.0})
     assert bench_nodes.shares_cores(two_by_two, 2, 2, {2: 0.0001, 4: 0.004}).sync_s == {1: 0.0001, 2: 0.004}

@@ -35,6 +35,7 @@ from partrain.predict.pipeline_sim import (
     simulate,
 )
 from partrain.predict.plan import profile_batch_sizes
+from partrain.predict.prediction import environment
 from partrain.profile.hardware import fit_compute_sharing
 from partrain.profile.model import profile_model
 from partrain.report.plots import plot_scatter
@@ -313,6 +314,35 @@ def test_measured_sharing_enters_pipeline_plans(mlp_profile, cluster):
     free = predict_plan(mlp_profile, dataclasses.replace(two_cores, compute_sharing={2: 1.0}), plan)
     shared = predict_plan(mlp_profile, dataclasses.replace(two_cores, compute_sharing={2: 1.5}), plan)
     assert free.seconds_per_step < shared.seconds_per_step < 1.5 * free.seconds_per_step
+
+
+
+def test_nodes_that_share_a_machine_contend_for_its_cores_machine_wide(mlp_profile, cluster):
+    """Emulated nodes on one machine: the busy workers of every node against the cores they all
+    share, and the measured factor of as many workers side by side there. 4 nodes on 2 cores
+    run 2 busy workers (a pipeline's other stages idle) at the measured 1.1, 4 at half a core
+    each; 2 nodes on 2 cores pay the machine's factor for 2, where a core per node paid none."""
+    four = dataclasses.replace(cluster, nodes=4, workers_per_node=1, cores_per_node=1, compute_speed=1.0,
+                               shared_cores=2, compute_sharing={2: 1.1})
+    plan = Plan("gpipe", workers=4, batch_size=64, microbatches=8, schedule="gpipe", pp=4, threads=1)
+    env = environment(four, plan)
+    busy_per_node = lambda k: k / env.nodes_used  # noqa: E731  (what the pipeline simulation passes)
+    assert [env.sharing_slowdown(busy_per_node(k)) for k in (1, 2, 3, 4)] == pytest.approx([1.0, 1.1, 1.5, 2.0])
+    own = environment(dataclasses.replace(four, shared_cores=0), plan)  # a core per node of its own
+    assert [own.sharing_slowdown(busy_per_node(k)) for k in (1, 2, 3, 4)] == pytest.approx([1.0] * 4)
+    # a pipeline of 2 nodes on 1 core: faster than each stage at half a core (its fill and drain
+    # compute alone), slower than a core each
+    two = dataclasses.replace(four, nodes=2)
+    pipe = Plan("gpipe", workers=2, batch_size=64, microbatches=4, schedule="gpipe", pp=2, threads=1)
+    one_core = dataclasses.replace(two, shared_cores=1, compute_sharing={})
+    half_speed = predict_plan(mlp_profile, dataclasses.replace(one_core, shared_cores=0, compute_speed=0.5), pipe)
+    shared = predict_plan(mlp_profile, one_core, pipe)
+    alone = predict_plan(mlp_profile, dataclasses.replace(one_core, shared_cores=0), pipe)
+    assert alone.seconds_per_step < shared.seconds_per_step < half_speed.seconds_per_step
+    # data parallel on 2 nodes of 1 worker: the measured factor for the machine's 2 busy workers
+    ddp = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)
+    assert predict_plan(mlp_profile, two, ddp).compute_s == pytest.approx(
+        1.1 * predict_plan(mlp_profile, dataclasses.replace(two, shared_cores=0), ddp).compute_s)
 
 
 # ---- data parallel ------------------------------------------------------------------------

@@ -102,26 +102,27 @@ def ensure_link_profile(cell: Cell, run: Runner, max_mb: float, timeout: float, 
 
 
 def shares_cores(hardware: HardwareProfile, nodes: int, cores: int, machine_sync: dict[int, float] | None = None) -> HardwareProfile:
-    """The profile of ``nodes`` emulated nodes that share this machine's ``cores``: each has
-    ``cores / nodes`` of them, not the ``cores`` the profiler saw from inside one.
+    """The profile of ``nodes`` emulated nodes that share this machine's ``cores``: their
+    compute contends machine-wide (``shared_cores``), the busy workers of every node against
+    all the cores, not ``cores`` per node as the profiler saw from inside one. Each node plans
+    ``cores / nodes`` of them (at least one) for its workers' threads.
 
-    Contention then comes out as on the machine: busy threads of all nodes over all cores
-    (``predict.compute.contention`` per node, with cores / nodes per node). A share below
-    one whole core (4 nodes on 2 cores) is one core at ``compute_speed`` = the share: each
-    worker computes that much slower while all compute, which overstates a pipeline whose
-    stages idle in its bubble.
+    (Issue 18. Counted per node, 4 nodes on 2 cores were one core each at half speed: the
+    cnn's 4-stage pipelines, whose stages idle in the bubble, were predicted 25-59% over their
+    measured steps at 1 and 10 Gbit/s. And 2 nodes on 2 cores had a core each, with nothing
+    shared, where the cnn's own two workers side by side run 1.12x slower.)
 
     So is synchronising after computing: k busy workers per node are k x nodes on the
     machine, whose cost ``machine_sync`` holds (the machine's own hardware profile, by busy
     workers); the probe inside one node saw only its own k. (Issue 18: 2x2 and 4x1 nodes on
     2 cores ran their cnn steps 17-34% over predictions that had no such cost at 1-10 Gbit/s.)
     """
-    share = cores / nodes
-    hardware.cores_per_node = max(1, int(share))
-    hardware.compute_speed = min(1.0, share / hardware.cores_per_node)
+    hardware.cores_per_node = max(1, cores // nodes)
+    hardware.compute_speed = 1.0
+    hardware.shared_cores = cores
     if machine_sync:
         hardware.sync_s = {k: machine_sync[k * nodes] for k in range(1, hardware.workers_per_node + 1)
                            if k * nodes in machine_sync}
-    hardware.source = (f"measured across {nodes} emulated nodes sharing {cores} cores: {hardware.cores_per_node} core(s) "
-                       f"per node at speed {hardware.compute_speed:.2f}")
+    hardware.source = (f"measured across {nodes} emulated nodes sharing {cores} cores ({hardware.cores_per_node} "
+                       "per node for threads)")
     return hardware

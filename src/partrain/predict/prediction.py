@@ -78,15 +78,25 @@ class Env:
     # not pay it; every strategy that synchronises after computing does (DDP, local SGD when it
     # averages, FSDP, a hybrid's replicas)
     sync_s: float
+    shared_cores: int = 0  # nodes on one machine share its cores (``HardwareProfile.shared_cores``); 0: not
 
     def sharing_slowdown(self, busy_workers_per_node: float) -> float:
         """Compute time of a worker while ``busy_workers_per_node`` compute on its node, over
         its time alone: measured by the hardware profile for single-threaded workers (cores,
         SMT siblings, caches and memory bandwidth shared), never below processor sharing of
-        the cores (more busy threads than cores cannot each run faster than cores / threads of one)."""
-        measured = self.sharing.get(round(busy_workers_per_node)) if self.threads == 1 else None
-        shared = compute.contention(busy_workers_per_node * self.threads, self.cores)
-        return max(measured or 1.0, shared)
+        the cores (more busy threads than cores cannot each run faster than cores / threads of one).
+
+        Nodes that share one machine's cores (emulated nodes) contend machine-wide: the busy
+        workers of all the plan's nodes against the cores they share, and the measured factor of
+        as many workers side by side on that machine. (Issue 18: counted per node, 4 nodes on 2
+        cores were each one core at half speed, and the cnn's 4-stage pipelines, whose stages
+        idle in the bubble, were predicted 25-59% over their measured steps at 1 and 10 Gbit/s;
+        2 nodes on 2 cores had no sharing at all, where the model's own factor is 1.12.)"""
+        busy, cores = busy_workers_per_node, self.cores
+        if self.shared_cores:
+            busy, cores = busy_workers_per_node * self.nodes_used, self.shared_cores
+        measured = self.sharing.get(round(busy)) if self.threads == 1 else None
+        return max(measured or 1.0, compute.contention(busy * self.threads, cores))
 
     def slowdown(self, busy_workers_per_node: float) -> float:
         """``sharing_slowdown`` on this hardware's compute speed."""
@@ -96,7 +106,7 @@ class Env:
 def environment(hw: HardwareProfile, plan: Plan) -> Env:
     local, threads = local_workers(plan.workers, hw), threads_for(plan.workers, hw, plan.threads)
     return Env(threads, local, math.ceil(plan.workers / local), hw.cores_per_node, hw.compute_speed,
-                hw.compute_sharing, hw.sync_s.get(local, 0.0) if plan.workers > 1 else 0.0)
+               hw.compute_sharing, hw.sync_s.get(local, 0.0) if plan.workers > 1 else 0.0, hw.shared_cores)
 
 
 def _baseline(profile: ModelProfile, hw: HardwareProfile, workers: int) -> dict:
