@@ -88,10 +88,7 @@ class Env:
 
         Nodes that share one machine's cores (emulated nodes) contend machine-wide: the busy
         workers of all the plan's nodes against the cores they share, and the measured factor of
-        as many workers side by side on that machine. (Issue 18: counted per node, 4 nodes on 2
-        cores were each one core at half speed, and the cnn's 4-stage pipelines, whose stages
-        idle in the bubble, were predicted 25-59% over their measured steps at 1 and 10 Gbit/s;
-        2 nodes on 2 cores had no sharing at all, where the model's own factor is 1.12.)"""
+        as many workers side by side on that machine (why: ``bench.nodes.shares_cores``)."""
         busy, cores = busy_workers_per_node, self.cores
         if self.shared_cores:
             busy, cores = busy_workers_per_node * self.nodes_used, self.shared_cores
