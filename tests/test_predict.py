@@ -500,6 +500,45 @@ def test_hybrid_replicas_pay_the_measured_wrapper_shared_by_parameter_bytes(mlp_
     assert 0.004 * fc1 - 1e-9 <= extra(workers=4, pp=2, dp=2, microbatches=4) <= 0.004 + 1e-9
 
 
+def test_replicas_pipelines_pay_the_probe_timed_on_every_worker_at_once(mlp_profile, cluster):
+    """A hybrid's replicas run their pipelines side by side: where the hardware profile timed
+    2-stage pipelines on every worker at once, their per-step cost and per-hop latency replace
+    the one-pipeline probe's, and the step cost waits, once, rather than sharing the cores a
+    second time. One replica, and a profile without that probe, keep the one-pipeline probe."""
+    from partrain.predict.comm import stage_transfer_time
+    from partrain.predict.pipeline import _pipeline_costs, stage_bounds
+    from partrain.predict.profiles import HardwareProfile
+
+    one = dataclasses.replace(cluster, compute_speed=1.0, compute_sharing={}, sync_s={}, cores_per_node=1,
+                              nodes=2, workers_per_node=2, pipeline_step_s=0.001, pipeline_hop_s=3e-4,
+                              points={"pipeline": {"message_bytes": 512}})
+    side = dataclasses.replace(one, pipeline_side_by_side=(0.010, 2e-3),
+                               points={"pipeline": {"message_bytes": 512}, "pipeline_side_by_side": {"ranks": [0, 2]}})
+    assert side.runtime_of(1) == one.runtime_of(1) == (0.001, 3e-4, (0, 1), False)
+    assert side.runtime_of(2) == (0.010, 2e-3, (0, 2), True)
+    assert one.runtime_of(2) == one.runtime_of(1)  # not measured: the one-pipeline probe
+    assert HardwareProfile.from_dict(json.loads(json.dumps(side.to_dict()))) == side
+    # a hop of the replicas: the side-by-side probe's latency less its own ranks' link (0 and 2: across nodes)
+    n = 1e5
+    assert stage_transfer_time(side, n, 1, 3, replicas=2) == pytest.approx(
+        2e-3 - transfer_time(side, 512, 0, 2) + transfer_time(side, n, 1, 3))
+    assert stage_transfer_time(side, n, 1, 3) == stage_transfer_time(one, n, 1, 3, replicas=2)
+
+    hybrid = Plan("hybrid", workers=4, batch_size=64, pp=2, dp=2, microbatches=4, schedule="1f1b", threads=1)
+
+    def runtime(hw, cpu: bool) -> float:  # rank 0's runtime work after its schedule, computing or waiting
+        costs = _pipeline_costs(mlp_profile, hw, hybrid, stage_bounds(mlp_profile, hybrid), environment(hw, hybrid))
+        return sum(w.seconds for w in costs.after[0] if w.name == "runtime" and w.cpu == cpu)
+
+    # the side-by-side probe's 10 ms waits: computed, it would share the cores a second time; the
+    # one-pipeline probe's 1 ms is the runtime's compute, shared with the busy workers in the simulation
+    assert runtime(side, cpu=False) == 0.010 and runtime(one, cpu=False) == 0.0
+    assert runtime(one, cpu=True) == pytest.approx(runtime(side, cpu=True) + 0.001)
+    assert predict_plan(mlp_profile, side, hybrid).seconds_per_step > predict_plan(mlp_profile, one, hybrid).seconds_per_step
+    pipe = Plan("1f1b", workers=2, batch_size=64, pp=2, microbatches=4, schedule="1f1b", threads=1)
+    assert predict_plan(mlp_profile, side, pipe) == predict_plan(mlp_profile, one, pipe)
+
+
 def test_interpolation_is_piecewise_linear_and_extrapolates():
     assert interpolate([8, 32], [1.0, 4.0], 16) == pytest.approx(2.0)
     assert interpolate([8, 32], [1.0, 4.0], 64) == pytest.approx(8.0)

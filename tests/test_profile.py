@@ -222,6 +222,22 @@ def test_cluster_file(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiproc
+@pytest.mark.multiproc
+def test_the_side_by_side_probe_runs_a_pipeline_on_every_pair_of_halves_at_once():
+    """4 workers: ranks 0 and 2, 1 and 3 (stage s of replica d is rank s * dp + d), both pipelines
+    at once, each rank with its own pair's step times of both schedules and its stages' costs."""
+    from partrain.distributed.spawn import spawn
+    from tests.probe_worker import side_by_side
+
+    got = spawn(side_by_side, (3, 2), 4)
+    assert [got[r]["ranks"] for r in range(4)] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    for probe in got.values():
+        steps = probe["steps"]
+        assert sorted((s["schedule"], s["microbatches"]) for s in steps) == [("1f1b", 4), ("1f1b", 8), ("gpipe", 4), ("gpipe", 8)]
+        assert all(len(s["rounds_s"]) == 3 and s["step_s"] == statistics.median(s["rounds_s"]) > 0 for s in steps)
+        assert len(probe["stage_s"]) == 2 and all(f > 0 and b > 0 for f, b in probe["stage_s"])
+
+
 def test_hardware_profile_measures_every_collective(tmp_path):
     hw = profile_hardware(2, sizes=[64, 4096, 2**18, 2**20])
     fits = hw.collectives["intra"][2]
@@ -237,4 +253,6 @@ def test_hardware_profile_measures_every_collective(tmp_path):
     assert sorted((s["schedule"], s["microbatches"]) for s in steps) == [("1f1b", 4), ("1f1b", 8), ("gpipe", 4), ("gpipe", 8)]
     for s in steps:
         assert len(s["rounds_s"]) == 9 and s["step_s"] == statistics.median(s["rounds_s"]) > 0
+    # two workers: no replicas' pipelines to run side by side
+    assert hw.pipeline_side_by_side is None and "pipeline_side_by_side" not in hw.points
     assert HardwareProfile.load(hw.save(tmp_path / "hw.json")) == hw

@@ -68,7 +68,7 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     # per stage, (bytes, from, to) of the message it sends on: none (0 bytes) past either end
     ahead = [(out[s], rank(s), rank(s + 1)) if s < n - 1 else (0.0, 0, 0) for s in range(n)]
     back = [(out[s - 1], rank(s), rank(s - 1)) if s > 0 else (0.0, 0, 0) for s in range(n)]
-    send_fwd, send_bwd = (tuple(stage_transfer_time(hw, *msg) for msg in msgs) for msgs in (ahead, back))
+    send_fwd, send_bwd = (tuple(stage_transfer_time(hw, *msg, plan.dp) for msg in msgs) for msgs in (ahead, back))
     wire_fwd, wire_bwd = (tuple(wire_time(hw, *msg) for msg in msgs) for msgs in (ahead, back))
     kind = compute.optimizer_kind(plan.optimizer, plan.momentum)
     data = compute.at(profile, profile.data_s, plan.batch_size / plan.dp) / env.speed
@@ -86,12 +86,16 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
         opt = compute.optimizer_time(profile, kind, blocks) / env.speed
         scale = sum(grad_pass[s] for s in stages) * 2 / 3 / env.speed if m > 1 else 0.0
         # the schedule's per-step bookkeeping and gradient scaling, the loop's own, and a hybrid's
-        # replica wrapper on its blocks (its cost over the whole model, shared by parameter bytes)
-        runtime_s = compute.world_of_one_pipeline_time(profile) if alone else hw.pipeline_step_s
-        own = (runtime_s + scale
+        # replica wrapper on its blocks (its cost over the whole model, shared by parameter bytes);
+        # the runtime's per-step cost timed on every worker at once holds their sharing of the
+        # cores already: it waits in the simulation, where computing would share them again
+        runtime = hw.runtime_of(plan.dp)
+        runtime_s = compute.world_of_one_pipeline_time(profile) if alone else runtime.step_s
+        shared = 0.0 if alone or not runtime.side_by_side else runtime_s
+        own = (runtime_s - shared + scale
                + (compute.loop_time(profile) + wrapper * grad_bytes / max(1, profile.param_bytes)) / env.speed)
-        runtime = StepWork("runtime", own)
-        after.append((runtime, StepWork("allreduce", reduce, cpu=False), StepWork("optimizer", opt)))
+        after.append((StepWork("runtime", own), StepWork("runtime", shared, cpu=False),
+                      StepWork("allreduce", reduce, cpu=False), StepWork("optimizer", opt)))
     return PipelineCosts(fwd, bwd, send_fwd, send_bwd, tuple(before), tuple(after), wire_fwd, wire_bwd)
 
 

@@ -13,6 +13,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import NamedTuple
 
 from partrain.atomic import write_atomic
 from partrain.errors import PartrainError
@@ -75,8 +76,20 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
 # a profile across the old ones timed a link that starts every message at the veth's speed.
 # 8: below 500 Mbit/s that bucket is 1 ms of the rate too, not TCP's 64 KiB segments (cut to fit
 # it): at 100 Mbit/s the old one let 64 KiB through at once after every pause. 9: the pipeline
-# probe's step times are medians of 9 rounds of 10 steps, not 3 of 30 (``measure_pipeline_hops``)
-MEASUREMENT = 9
+# probe's step times are medians of 9 rounds of 10 steps, not 3 of 30 (``measure_pipeline_hops``).
+# 10: with 4 or more workers, the probe also runs on every worker at once (``pipeline_side_by_side``)
+MEASUREMENT = 10
+
+
+class PipelineRuntime(NamedTuple):
+    """What ``torch.distributed.pipelining`` costs beyond the stages' compute, fitted to the
+    hardware profile's probe (``profile.hardware.fit_pipeline_runtime``)."""
+
+    step_s: float  # once per step (splitting the batch, merging losses, waking the stages)
+    hop_s: float | None  # one message between stages, the probe's link time included; None: no probe
+    probe_ranks: tuple[int, int]  # the global ranks the probe's messages went between
+    # True: timed on every worker at once, so step_s already holds their sharing of the cores
+    side_by_side: bool
 
 
 @dataclass
@@ -100,6 +113,9 @@ class HardwareProfile(JsonProfile):
     pipeline_action_s: float = 0.0  # what the pipelining runtime adds to each micro-batch forward or backward
     pipeline_step_s: float = 0.0  # what it adds once per step (splitting the batch, merging losses)
     pipeline_hop_s: float | None = None  # latency of one message between stages inside the runtime
+    # (pipeline_step_s, pipeline_hop_s) of 2-stage pipelines on every worker at once, as a hybrid's
+    # replicas run (``runtime_of``); None where not measured (fewer than 4 workers, a cluster file)
+    pipeline_side_by_side: tuple[float, float] | None = None
     # k busy workers on a node -> their compute time over one worker's alone (measured; else k / cores)
     compute_sharing: dict[int, float] = field(default_factory=dict)
     # k workers -> what one synchronisation after computing costs beyond a collective between busy ranks
@@ -118,6 +134,20 @@ class HardwareProfile(JsonProfile):
         """Measured by an earlier method than this partrain's (``MEASUREMENT``)."""
         return self.source.startswith("measured") and self.method < MEASUREMENT  # "measured across 2 emulated nodes ..." too
 
+    def runtime_of(self, replicas: int) -> PipelineRuntime:
+        """The pipelining runtime's costs for a plan with ``replicas`` pipelines side by side.
+
+        One pipeline is timed by the probe on ranks 0 and 1 while the others keep a core busy.
+        Replicas' pipelines pass messages at once, and where the workers outnumber the cores
+        every hop waits for one: 2-stage 1F1B over 4 micro-batches read 15.4-16.0 ms a step as
+        two pipelines on 4 workers on 2 cores, 4.7-9.1 ms as one beside two busy workers (issue
+        18: the mlp's pp2 x dp2 was 30-50% under). Where that was measured
+        (``pipeline_side_by_side``), replicas take it."""
+        if replicas > 1 and self.pipeline_side_by_side is not None:
+            ranks = (self.points or {}).get("pipeline_side_by_side", {}).get("ranks", (0, 1))
+            return PipelineRuntime(*self.pipeline_side_by_side, tuple(ranks), side_by_side=True)
+        return PipelineRuntime(self.pipeline_step_s, self.pipeline_hop_s, (0, 1), side_by_side=False)
+
     def memory_limit_per_worker(self, local_workers: int) -> int:
         return self.device_memory_bytes // max(1, local_workers) if self.shared_memory else self.device_memory_bytes
 
@@ -134,6 +164,7 @@ class HardwareProfile(JsonProfile):
             },
             "process_group_rss_bytes": self.process_group_rss_bytes, "pipeline_action_s": self.pipeline_action_s,
             "pipeline_step_s": self.pipeline_step_s, "pipeline_hop_s": self.pipeline_hop_s,
+            "pipeline_side_by_side": list(self.pipeline_side_by_side) if self.pipeline_side_by_side else None,
             "compute_sharing": {str(k): v for k, v in self.compute_sharing.items()},
             "sync_s": {str(k): v for k, v in self.sync_s.items()}, "source": self.source,
             "notes": self.notes, "points": self.points, "method": self.method, "other_load": self.other_load,
@@ -152,6 +183,7 @@ class HardwareProfile(JsonProfile):
             },
             int(d.get("process_group_rss_bytes", 0)), float(d.get("pipeline_action_s", 0.0)),
             float(d.get("pipeline_step_s", 0.0)), d.get("pipeline_hop_s"),
+            tuple(map(float, d["pipeline_side_by_side"])) if d.get("pipeline_side_by_side") else None,
             {int(k): float(v) for k, v in d.get("compute_sharing", {}).items()},
             {int(k): float(v) for k, v in d.get("sync_s", {}).items()},
             d.get("source", "measured"), list(d.get("notes", [])), d.get("points", {}), int(d.get("method", 1)),

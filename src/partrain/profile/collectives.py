@@ -316,6 +316,17 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
     return {"steps": timed, "stage_s": stage_s, "message_bytes": 2 * width * 4}
 
 
+def measure_pipelines_side_by_side(device, **probe) -> dict:
+    """``measure_pipeline_hops`` on every worker at once, as a hybrid's replicas run: rank i
+    with rank i + world/2 (stage s of replica d is rank s * dp + d), each pair its own
+    pipeline. Every rank calls this and gets its own pair's probe, its "ranks" named."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    half = world // 2
+    pairs = [dist.new_group([i, i + half]) for i in range(half)]  # every rank creates every group
+    mine = [rank % half, rank % half + half]
+    return {**measure_pipeline_hops(pairs[rank % half], device, **probe), "ranks": mine}
+
+
 def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int = 20, window_s: float = 0.3,
                             rounds: int = 3) -> dict:
     """How the node runs its workers' compute side by side, and what a synchronisation after

@@ -29,6 +29,7 @@ from partrain.profile.collectives import (
     measure_compute_sharing,
     measure_pipeline_action,
     measure_pipeline_hops,
+    measure_pipelines_side_by_side,
 )
 from partrain.profile.timing import cpu_seconds, others_share
 from partrain.progress import phase
@@ -90,6 +91,10 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
         dist.barrier()  # the others' background load below starts only after rank 0 timed the runtime alone
         with background_load(info.rank not in (0, 1)):  # the job's other workers compute meanwhile
             out["pipeline_probe"] = measure_pipeline_hops(pair, device) if info.rank in (0, 1) else None
+            dist.barrier()
+        if info.world_size >= 4 and info.world_size % 2 == 0:
+            say("2-stage pipelines on every worker at once, as a hybrid's replicas run")
+            out["pipeline_side_by_side"] = measure_pipelines_side_by_side(device)
             dist.barrier()
         out["compute_sharing"] = {}
         say(f"compute with 2..{info.local_world_size} workers side by side")
@@ -199,6 +204,8 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         others = others_share(before, cpu_seconds(), time.perf_counter() - started)  # the workers are waited-for children
     links, collectives = fit_measurements(raw)
     step_s, hop_s = fit_pipeline_runtime(raw["pipeline_probe"], raw["pipeline_action_s"])
+    side = raw.get("pipeline_side_by_side")
+    side_by_side = fit_pipeline_runtime(side, raw["pipeline_action_s"]) if side else None
     here = machine()
     sharing, sync = fit_compute_sharing(raw["compute_sharing"], here.cpu_cores)
     local = raw["local_world_size"]
@@ -218,10 +225,12 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         pipeline_action_s=raw["pipeline_action_s"],
         pipeline_step_s=step_s,
         pipeline_hop_s=hop_s,
+        pipeline_side_by_side=side_by_side,
         compute_sharing=sharing,
         sync_s=sync,
         notes=raw["notes"],
         other_load=others,
         points=json.loads(json.dumps({**{tier: {str(k): v for k, v in by.items()} for tier, by in raw["tiers"].items()},
-                                      "pipeline": raw["pipeline_probe"], "compute_sharing": raw["compute_sharing"]})),
+                                      "pipeline": raw["pipeline_probe"], "compute_sharing": raw["compute_sharing"],
+                                      **({"pipeline_side_by_side": side} if side else {})})),
     )
