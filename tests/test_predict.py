@@ -130,6 +130,29 @@ def test_ring_allreduce_on_a_cluster_file():
     assert transfer_time(hw, n, 3, 4) > transfer_time(hw, n, 2, 3) > 0 == transfer_time(hw, n, 1, 1)
 
 
+def test_a_10x_slower_link_scales_the_wire_share_of_a_measured_collective_not_the_cpus():
+    """What a 4-node allreduce costs per byte beyond its ring's 1.5 bytes per link at the
+    link's own cost per byte is copying on the CPU: a link 10x slower leaves it as it was."""
+    from partrain.predict.comm import with_link_bytes_scaled
+    from partrain.predict.fits import Segment
+
+    wire, copy = 0.8e-9, 1.0e-9  # issue 18's 10 Gbit/s veth: 0.81 ns a byte on the link, 2.35 for the allreduce
+    link = CostFit((Segment(1024, 2.5e-4, 0.0), Segment(math.inf, 3.5e-4, wire)))
+    allreduce = CostFit((Segment(256, 2.9e-3, 9e-6), Segment(math.inf, 2.9e-3, copy + 1.5 * wire)))
+    hw = dataclasses.replace(load_cluster(EXAMPLE_CLUSTER), nodes=4, workers_per_node=1, links={"inter": link},
+                             collectives={"inter": {4: {"allreduce": allreduce, "sendrecv": link}}})
+    slower, faster = with_link_bytes_scaled(hw, 10.0), with_link_bytes_scaled(hw, 0.1)
+    big = slower.collectives["inter"][4]["allreduce"].segments[-1]
+    assert big.seconds_per_byte == pytest.approx(copy + 15 * wire) and big.latency_s == 2.9e-3
+    assert faster.collectives["inter"][4]["allreduce"].segments[-1].seconds_per_byte == pytest.approx(copy + 0.15 * wire)
+    # a small-message segment whose slope is latency in disguise moves by its wire bytes at most
+    assert slower.collectives["inter"][4]["allreduce"].segments[0].seconds_per_byte == pytest.approx(9e-6 + 9 * 1.5 * wire)
+    assert slower.links["inter"].segments[-1].seconds_per_byte == pytest.approx(10 * wire)  # point to point: all wire
+    assert slower.links["inter"].segments[0] == link.segments[0]  # latencies as measured
+    n = 10e6
+    assert collective_time(slower, "allreduce", n, [0, 1, 2, 3]) == pytest.approx(2.9e-3 + n * (copy + 15 * wire))
+
+
 def test_a_stage_hop_pays_the_runtimes_measured_cost_on_any_link():
     """The two-stage probe's hop less its own link's point-to-point time is the pipelining
     runtime's cost per message; a hop between nodes pays it too, on its own link."""

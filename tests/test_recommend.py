@@ -67,10 +67,10 @@ def test_a_very_slow_link_and_a_tiny_model_recommend_serial(tmp_path, mlp_profil
 def test_what_a_10x_slower_or_faster_link_changes_is_the_pick_on_that_link(tmp_path, mlp_profile):
     """The what-if moves the link's bytes 10x slower or faster and predicts every plan again:
     its answer is what recommend picks on that hardware. Latencies stay as they are."""
-    from partrain.predict.comm import collective_time
+    from partrain.predict.comm import collective_time, with_link_bytes_scaled
 
     hw = load_cluster(cluster(tmp_path, bandwidth=0.5, latency_us=50))  # near where the winner changes
-    slower = hw.with_link_bytes_scaled(10.0)
+    slower = with_link_bytes_scaled(hw, 10.0)
     fit, slow_fit = hw.links["intra"].segments[0], slower.links["intra"].segments[0]
     assert slow_fit.seconds_per_byte == pytest.approx(10 * fit.seconds_per_byte) and slow_fit.latency_s == fit.latency_s
     n = 1e6  # a cluster file's collectives come from its links: an allreduce pays the slower bytes, not its latency
@@ -79,7 +79,7 @@ def test_what_a_10x_slower_or_faster_link_changes_is_the_pick_on_that_link(tmp_p
     rec = recommend(lambda t: mlp_profile, hw, workers=4, batch_size=64)
     assert any(n.startswith("With a 10x") for n in rec.what_if), rec.what_if  # this link is close to a turning point
     for scale, words in ((10.0, "a 10x slower link"), (0.1, "a 10x faster link")):
-        there = recommend(lambda t: mlp_profile, hw.with_link_bytes_scaled(scale), workers=4, batch_size=64).winner.plan
+        there = recommend(lambda t: mlp_profile, with_link_bytes_scaled(hw, scale), workers=4, batch_size=64).winner.plan
         said = [n for n in rec.what_if if n.startswith(f"With {words},")]
         if there == rec.winner.plan:
             assert not said

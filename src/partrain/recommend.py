@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from partrain.errors import PartrainError
+from partrain.predict.comm import with_link_bytes_scaled
 from partrain.predict.plan import (
     Plan,
     candidate_plans,
@@ -249,14 +250,15 @@ def recommend(profile_for: Callable[[int], ModelProfile], hardware: HardwareProf
 def _what_if(rec: Recommendation, on: Callable[[HardwareProfile], list[Prediction]], too_big: list[Prediction],
              objective: str) -> list[str]:
     """Predict the plans that fit again under changed conditions (``on(hardware)``); say which
-    would change the winner. A link 10x faster or slower moves its bytes 10x faster or slower;
-    its latencies, and the pipelining runtime's waits, stay as measured. (Scaling each plan's
-    whole communication time instead said "with a 10x slower link, serial would win" for the
-    cnn at 10 Gbit/s on three placements of issue 18's emulated nodes, where at 1 Gbit/s local
-    SGD was measured fastest, and the recommender picked it.)"""
+    would change the winner. A link 10x faster or slower moves the bytes on its wire 10x
+    faster or slower (``comm.with_link_bytes_scaled``); its latencies, the CPU's copies and the
+    pipelining runtime's waits stay as measured. (Scaling each plan's whole communication time
+    instead said "with a 10x slower link, serial would win" for the cnn at 10 Gbit/s on three
+    placements of issue 18's emulated nodes, where at 1 Gbit/s local SGD was measured fastest,
+    and the recommender picked it.)"""
     notes, winner = [], rec.winner
     for scale, words in ((0.1, "a 10x faster link"), (10.0, "a 10x slower link")):
-        alt = _rank(on(rec.hardware.with_link_bytes_scaled(scale)), objective)[0]
+        alt = _rank(on(with_link_bytes_scaled(rec.hardware, scale)), objective)[0]
         if alt.plan != winner.plan:
             notes.append(f"With {words}, {alt.plan.label()} on {_workers(alt.plan.workers)} would win.")
     if not any(n.startswith("With a 10x") for n in notes):

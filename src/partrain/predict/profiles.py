@@ -148,15 +148,6 @@ class HardwareProfile(JsonProfile):
             return PipelineRuntime(*self.pipeline_side_by_side, tuple(ranks), side_by_side=True)
         return PipelineRuntime(self.pipeline_step_s, self.pipeline_hop_s, (0, 1), side_by_side=False)
 
-    def with_link_bytes_scaled(self, factor: float) -> HardwareProfile:
-        """This hardware with its slowest link ``factor`` times slower per byte (between nodes,
-        else within the node): point to point and every collective, their latencies unchanged."""
-        tier = "inter" if self.nodes > 1 else "intra"
-        return replace(
-            self, links={t: fit.scaled(1.0, factor) if t == tier else fit for t, fit in self.links.items()},
-            collectives={t: {p: {name: fit.scaled(1.0, factor) for name, fit in fits.items()} for p, fits in by.items()}
-                         if t == tier else by for t, by in self.collectives.items()})
-
     def memory_limit_per_worker(self, local_workers: int) -> int:
         return self.device_memory_bytes // max(1, local_workers) if self.shared_memory else self.device_memory_bytes
 
