@@ -197,3 +197,21 @@ def test_validate_names_strategies_whose_2_worker_errors_share_one_sign():
     signs = error_signs(cases, workers=2)
     assert signs == {"ddp": (2, 2, 0), "gpipe": (2, 1, 1)}
     assert one_sided(signs) == ["ddp"]
+
+
+def test_validate_says_when_the_serial_cells_show_the_profiles_ran_at_another_speed():
+    """Serial is the profile's own parts summed: most serial cells off one way is the machine's
+    speed moving between profiling and the cells, not the model of a strategy."""
+    from partrain.validate import SPEED_SHIFT, Case, speed_shift
+
+    def serial(batch, measured, predicted):
+        return Case(f"serial b{batch}", ("m", "d", batch, 1, 1), "serial", measured, predicted, 1, 1, 1.0)
+
+    slow = [serial(b, 1.0, p) for b, p in ((8, 1.12), (16, 1.10), (32, 0.97), (64, 1.2), (128, 1.15))]
+    assert speed_shift(slow) == pytest.approx(0.12)  # the median: one cell the other way does not hide it
+    steady = [serial(b, 1.0, p) for b, p in ((8, 1.05), (16, 0.93), (32, 0.98), (64, 1.06))]
+    assert speed_shift(steady) is None
+    assert speed_shift(slow[:3]) is None  # too few serial cells to tell
+    fast = [serial(b, 1.0, 1.0 - SPEED_SHIFT - 0.01) for b in (8, 16, 32, 64)]
+    assert speed_shift(fast) == pytest.approx(-SPEED_SHIFT - 0.01)
+    assert speed_shift(slow + [Case("ddp", ("m", "d", 8, 2, 1), "ddp", 1.0, 1.0, 1, 1, 1.0)] * 9) == pytest.approx(0.12)

@@ -48,7 +48,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     )
     from partrain.report.plots import plot_scatter
     from partrain.report.tables import report_tables
-    from partrain.validate import error_signs, validate
+    from partrain.validate import error_signs, speed_shift, validate
     from partrain.validate_nodes import link_rates, validate_across_nodes
 
     with Store(args.store, create=False) as store:
@@ -79,16 +79,22 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return _report_recommendations(report, args.json, across)
     png = plot_scatter(report, args.plot)
     signs = error_signs(report.cases, workers=2)
+    shift = speed_shift(report.cases)
     links = link_rates(rows, lambda workers, nodes, link: hardware_across(workers, nodes, link, args.profile_dir))
     if args.json:
         print(json.dumps({**report.to_dict(), "plot": str(png),
                           "links": [{"placement": p, "shaped_mbit": s, "measured_mbit": m} for p, s, m in links],
                           "error_signs_2_workers": {s: {"cells": n, "over": over, "under": under}
-                                                    for s, (n, over, under) in signs.items()}}))
+                                                    for s, (n, over, under) in signs.items()},
+                          "speed_shift": shift}))
         return 0
     for table in report_tables(report, args.worst):
         print_table(table)
     _print_error_signs(signs)
+    if shift is not None:
+        print(f"the serial cells are predicted {shift:+.0%} (median): serial is the profile's own parts summed, so the "
+              f"profiles most likely ran while the machine was {'slower' if shift > 0 else 'faster'} than for the cells, "
+              "a shift every prediction carries; profile again into another --profile-dir while it runs as it did then")
     for line in report.skipped:
         print(f"  skipped {line}")
     for placement, shaped, measured in links:  # issue 18: within 10% of the shaped rate
