@@ -26,7 +26,7 @@ from partrain.predict.profiles import HardwareProfile
 from partrain.predict.predictor import predict_plan
 from partrain.profile.cache import hardware_across
 from partrain.testing import netns
-from partrain.validate import recommendation_outcomes
+from partrain.validate_recommend import recommendation_outcomes
 from partrain.validate_nodes import link_rates, validate_across_nodes
 
 ACROSS = {"models": ["mlp"], "strategies": ["serial", "ddp", "gpipe"], "nodes": [2, 4], "workers_per_node": [1, 2],

@@ -14,7 +14,7 @@ from partrain.cli import main
 from partrain.predict.cluster import load_cluster
 from partrain.profile.cache import load_or_profile
 from partrain.recommend import needed_batch_sizes, parse_bytes, recommend, worker_counts
-from partrain.validate import kendall_tau
+from partrain.validate_recommend import kendall_tau
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = """
@@ -148,7 +148,8 @@ def test_run_trains_the_plan_it_printed(tmp_path, profile_dir, data_dir, capsys)
 
 
 def test_recommendation_outcomes_score_the_pick_against_the_measured_fastest(capsys):
-    from partrain.validate import Case, recommendation_outcomes, summarize_outcomes
+    from partrain.validate import Case
+    from partrain.validate_recommend import recommendation_outcomes, summarize_outcomes
 
     def case(label, strategy, workers, measured, predicted, repeats):
         return Case(label, ("cnn", "mnist", 32, workers, 1), strategy, measured, predicted, 0, 0, 1.0, repeats)

@@ -48,7 +48,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     )
     from partrain.report.plots import plot_scatter
     from partrain.report.tables import report_tables
-    from partrain.validate import error_signs, speed_shift, validate
+    from partrain.validate import error_signs, speed_shift
     from partrain.validate_nodes import link_rates, validate_across_nodes
 
     with Store(args.store, create=False) as store:
@@ -124,7 +124,7 @@ def _report_recommendations(report, as_json: bool, across: list = ()) -> int:
     ``across``: the jobs across emulated nodes (their cells and the serial baselines), each
     placement and link a job of its own."""
     from partrain.report.tables import outcome_table
-    from partrain.validate import recommendation_outcomes, summarize_outcomes
+    from partrain.validate_recommend import recommendation_outcomes, summarize_outcomes
 
     cases = [c for c in report.cases if c not in set(across)] + list(across)
     modes = {"synchronous": recommendation_outcomes(cases),
@@ -158,7 +158,7 @@ def _report_recommendations(report, as_json: bool, across: list = ()) -> int:
 
 def _summarize_across(across: list, as_json: bool) -> dict:
     """The recommender over the jobs across emulated nodes alone, per mode: printed, or returned."""
-    from partrain.validate import recommendation_outcomes, summarize_outcomes
+    from partrain.validate_recommend import recommendation_outcomes, summarize_outcomes
 
     sizes = tuple(sorted({c.group[3] for c in across} - {1}))  # every placement's workers
     out = {mode: summarize_outcomes(recommendation_outcomes(across, sizes, include_async=mode == "with_async"))

@@ -148,7 +148,7 @@ def recommendations(rows: list[dict], profile_dir: str | None) -> str:
 def best_plans(rows: list[dict], report, profile_dir: str | None = None) -> str:
     """Per job: the measured fastest plan, its speedup beside the runner-up, the command; then
     the recommender's pick among the same measured plans."""
-    from partrain.validate import recommendation_outcomes
+    from partrain.validate_recommend import recommendation_outcomes
 
     lines = []
     for job_rows in jobs(rows).values():
