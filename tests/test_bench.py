@@ -147,7 +147,7 @@ def test_a_cell_past_its_timeout_is_killed_and_stored(tmp_path, data_dir):
         run_suite(suite, store, data_dir=str(data_dir), show_progress=False)
         (row,) = store.rows()
     assert row["status"] == "timeout" and "1 s cell timeout" in row["reason"]
-    assert row["wall_seconds"] < 5 and time.monotonic() - start < 15
+    assert row["wall_seconds"] < 30 and time.monotonic() - start < 60  # killed at 1 s, not at the default 600
 
 
 def test_failure_reasons_name_the_cause():

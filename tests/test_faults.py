@@ -59,6 +59,19 @@ def _workers(launcher: int, n: int, timeout: float = 120) -> list[int]:
     raise AssertionError("the workers never started")
 
 
+def _handles_sigint(pid: int, timeout: float = 30) -> None:
+    """Wait until ``pid`` no longer ignores SIGINT: the launcher ignores it while it starts the
+    workers (who inherit that), and a Ctrl-C in that window would be lost, not tested."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        ignored = int(next(line for line in status if line.startswith("SigIgn:")).split()[1], 16)
+        if not ignored & (1 << (signal.SIGINT - 1)):
+            return
+        time.sleep(0.01)
+    raise AssertionError("the launcher kept ignoring SIGINT")
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -141,6 +154,7 @@ def test_interrupting_a_two_worker_run_is_one_line_and_status_130(sig, after_s, 
     """At 0.2 s the workers are still importing torch; at 3 s they are training."""
     proc = _start([*DDP, "--epochs", "200"], data_dir, tmp_path)
     workers = _workers(proc.pid, 2)
+    _handles_sigint(proc.pid)
     time.sleep(after_s)
     os.killpg(proc.pid, sig) if sig == signal.SIGINT else os.kill(proc.pid, sig)  # Ctrl-C reaches the whole job
     _, err = proc.communicate(timeout=60)

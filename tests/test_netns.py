@@ -7,7 +7,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -47,14 +46,14 @@ def test_namespaces_of_a_killed_harness_are_removed_at_the_next_start():
 def test_what_crosses_a_link_goes_through_its_rate_shaper():
     """20 MB from node 0 to node 1: every byte passes node 0's token bucket at the link's rate,
     which had to hold packets back (its overlimit counter), not a timing: a busy machine is slower."""
-    server = ("import socket;s=socket.socket();s.bind(('0.0.0.0',5001));s.listen();c,_=s.accept();n=0\n"
-              "while (d:=c.recv(1<<20)): n+=len(d)\nprint(n)")
+    server = ("import socket;s=socket.socket();s.bind(('0.0.0.0',5001));s.listen();print('ready',flush=True)\n"
+              "c,_=s.accept();n=0\nwhile (d:=c.recv(1<<20)): n+=len(d)\nprint(n)")
     with EmulatedNodes(2, Link(rate_mbit=50), tag="r") as nodes:
         srv = nodes.popen(1, [sys.executable, "-c", server], stdout=subprocess.PIPE, text=True)
-        time.sleep(0.5)
+        assert srv.stdout.readline().strip() == "ready"  # listening: however long Python took to start
         nodes.run(0, [sys.executable, "-c", f"import socket;socket.create_connection(('{nodes.address(1)}',5001))"
                       ".sendall(b'x'*(20<<20))"], check=True)
-        received = int(srv.communicate(timeout=60)[0])
+        received = int(srv.communicate(timeout=60)[0].strip())
         stats = nodes.run(0, ["tc", "-s", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True).stdout
         device = nodes.run(0, ["ip", "-d", "link", "show", "eth0"], capture_output=True, text=True).stdout
     assert received == 20 << 20

@@ -51,7 +51,7 @@ def test_model_profile_measures_every_block(mlp):
     assert mlp.world_of_one_batch == 4
     assert set(mlp.world_of_one_s) == {"serial", "ddp", "local-sgd", "hybrid"}
     assert all(0 < t < 1 for t in mlp.world_of_one_s.values())
-    assert 0 < mlp.replica_wrapper_s < 0.1  # fully_shard's DTensor parameters and hooks cost a small model ~1 ms
+    assert 0 <= mlp.replica_wrapper_s < 0.1  # fully_shard's DTensor parameters and hooks cost a small model ~1 ms
     older = {k: v for k, v in mlp.to_dict().items() if k != "replica_wrapper_s"}
     with pytest.raises(TypeError):  # a profile from before the wrapper was measured: load() says so, then it is redone
         ModelProfile.from_dict(older)
@@ -172,7 +172,9 @@ def test_a_profile_taken_on_a_busy_machine_is_measured_again_and_never_cached(tm
     assert load_or_profile("mlp", "mnist", [4, 16], 1, tmp_path, synthetic=True)[0] == mlp and path.exists()
 
 
-def test_profile_cli_prints_and_caches(tmp_path, capsys):
+def test_profile_cli_prints_and_caches(tmp_path, capsys, monkeypatch):
+    # a busy machine (other processes at 25% of the CPU or more) keeps no profile: its own tests have that
+    monkeypatch.setattr(cache_module, "BUSY_SHARE", float("inf"))
     argv = ["profile", "--model", "tests.userfactory:build", "--synthetic", "--batch-sizes", "2,8", "--threads", "1",
             "--profile-dir", str(tmp_path), "--json"]
     assert main(argv) == 0

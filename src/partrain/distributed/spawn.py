@@ -162,6 +162,9 @@ def spawn(entrypoint: Callable, args: tuple, nprocs: int, poll_s: float = 0.1) -
             if all(code == 0 for code in codes):
                 break
             failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+            # a rank killed by a signal is the cause, a peer that then lost its connection the casualty:
+            # both may have exited by this poll, and the error names the cause
+            failed.sort(key=lambda rank: codes[rank] >= 0)
             if failed:
                 stopped = [rank for rank, pid in enumerate(pids) if _state(pid) == "T"]
                 raise _failure(run_dir, failed[0], codes[failed[0]], stopped)
