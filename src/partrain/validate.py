@@ -242,13 +242,11 @@ def validate(rows: list[dict], profile_for, hardware_for, fingerprint: str, devi
     same = [r for r in here if run_mismatch(r, device) is None]
     mismatched = len(here) - len(same)
     configs = [(group, row_config(group[0])) for group in repeat_groups(same)]
-    wanted: dict[tuple, set[float]] = defaultdict(set)
+    wanted = batch_sizes_by_profile((profile_key(cfg, group[0]["threads"]), cfg) for group, cfg in configs)
     for group, cfg in configs:
-        wanted[_profile_key(group[0], cfg)].update(Plan.from_config(cfg).batch_sizes())
-    for group, cfg in configs:
-        key = _profile_key(group[0], cfg)
+        key = profile_key(cfg, group[0]["threads"])
         if key not in profiles:
-            profiles[key], seconds = profile_for(cfg, sorted(wanted[key]))
+            profiles[key], seconds = profile_for(cfg, wanted[key])
             spent += seconds
         if run_mismatch(group[0], device, profiles[key]):
             mismatched += len(group)
@@ -267,9 +265,20 @@ def validate(rows: list[dict], profile_for, hardware_for, fingerprint: str, devi
     return Report(cases, spent, skipped, mismatched)
 
 
-def _profile_key(row: dict, cfg: RunConfig) -> tuple:
-    return (cfg.model, cfg.dataset, cfg.synthetic, row["threads"] or cfg.threads, json.dumps(cfg.model_options, sort_keys=True),
+def profile_key(cfg: RunConfig, threads: int | None = None) -> tuple:
+    """What one model profile serves: the model and its options, the data, the threads a worker
+    ran (``threads``, as stored with the cell, else the configuration's) and the numerics."""
+    return (cfg.model, cfg.dataset, cfg.synthetic, threads or cfg.threads, json.dumps(cfg.model_options, sort_keys=True),
             cfg.precision, cfg.channels_last, cfg.compile)
+
+
+def batch_sizes_by_profile(keyed) -> dict[tuple, list[float]]:
+    """From ``(profile_key, RunConfig)`` pairs: every batch size each profile's plans compute
+    at, sorted (the one profile of a key covers them all; ``bench --profile`` takes it ahead)."""
+    wanted: dict[tuple, set[float]] = defaultdict(set)
+    for key, cfg in keyed:
+        wanted[key].update(Plan.from_config(cfg).batch_sizes())
+    return {key: sorted(sizes) for key, sizes in wanted.items()}
 
 
 # ---- whether errors lean one way: a bias the MAPE hides -----------------------------------

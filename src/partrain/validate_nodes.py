@@ -11,9 +11,16 @@ import dataclasses
 import math
 from collections import defaultdict
 
-from partrain.predict.plan import Plan
 from partrain.predict.profiles import ModelProfile
-from partrain.validate import Case, Report, _profile_key, measured_rows, row_config, validate
+from partrain.validate import (
+    Case,
+    Report,
+    batch_sizes_by_profile,
+    measured_rows,
+    profile_key,
+    row_config,
+    validate,
+)
 
 
 def validate_across_nodes(rows: list[dict], profile_for, hardware_for, hardware_across, fingerprint: str,
@@ -29,17 +36,14 @@ def validate_across_nodes(rows: list[dict], profile_for, hardware_for, hardware_
     model, data and batch compete too, since one worker needs no link.
     """
     # one model profile per model over the calls below, at every batch size any of them needs
-    wanted: dict[tuple, set[float]] = defaultdict(set)
-    for row in measured_rows(rows, fingerprint):
-        cfg = row_config(row)
-        wanted[_profile_key({"threads": cfg.threads}, cfg)].update(Plan.from_config(cfg).batch_sizes())
+    wanted = batch_sizes_by_profile((profile_key(cfg), cfg) for cfg in map(row_config, measured_rows(rows, fingerprint)))
     seen: dict[tuple, ModelProfile] = {}
 
     def profile_once(cfg, _batch_sizes):
-        key = _profile_key({"threads": cfg.threads}, cfg)
+        key = profile_key(cfg)
         if key in seen:
             return seen[key], 0.0  # its cost counted once
-        seen[key], seconds = profile_for(cfg, sorted(wanted[key]))
+        seen[key], seconds = profile_for(cfg, wanted[key])
         return seen[key], seconds
 
     report = validate([r for r in rows if not r.get("nodes")], profile_once, hardware_for, fingerprint, device)

@@ -47,6 +47,7 @@ from rich.progress import (
 from rich.text import Text
 
 from partrain.bench import nodes
+from partrain.bench.profiles import ProfilesBeside
 from partrain.bench.store import Outcome, Store
 from partrain.bench.suite import Cell, Suite
 from partrain.config import RunConfig
@@ -62,16 +63,16 @@ _TORCH_LOG_LINE = re.compile(r"^[EWI]\d{4} ")  # torch's C++/elastic log lines: 
 
 
 def run_suite(suite: Suite, store: Store, *, force: bool = False, data_dir: str | None = None,
-              show_progress: bool = True, profile_dir: str | None = None) -> list[str]:
+              show_progress: bool = True, profile_dir: str | None = None, profile: bool = False) -> list[str]:
     """Measure every cell of ``suite`` into ``store``; returns the cells' keys in suite order."""
     return run_cells(suite.cells(), store, suite_name=suite.name, data_dir=data_dir or suite.data_dir,
                      timeout=suite.timeout, force=force, show_progress=show_progress,
-                     link_profile_mb=suite.profile_max_mb, profile_dir=profile_dir)
+                     link_profile_mb=suite.profile_max_mb, profile_dir=profile_dir, profile=profile)
 
 
 def run_cells(cells: list[Cell], store: Store, *, suite_name: str, data_dir: str | None, timeout: float,
               force: bool = False, show_progress: bool = True, link_profile_mb: float = 4.0,
-              profile_dir: str | None = None) -> list[str]:
+              profile_dir: str | None = None, profile: bool = False) -> list[str]:
     """Measure ``cells`` one after the other, storing each as soon as it finished.
 
     A cell already measured (status ok) on this hardware is not run again unless ``force``;
@@ -79,12 +80,16 @@ def run_cells(cells: list[Cell], store: Store, *, suite_name: str, data_dir: str
     timeout, and the next cell goes on. Returns the cells' keys, in order. Cells across
     emulated nodes are refused, before any runs, where no namespaces can be made; before
     the first of each placement and link runs, that link is profiled (``bench.nodes``).
+    ``profile``: the model and hardware profiles ``validate`` needs are taken into
+    ``profile_dir`` right before the first cell that needs them (``bench.profiles``).
     """
     if reason := nodes.refusal(cells):
         raise PartrainError(reason)
     hardware, commit = fingerprint(), git_commit()
     keys = []
     with CellProgress(len(cells), show_progress) as progress:
+        beside = ProfilesBeside(_runnable(cells, data_dir, timeout), store.rows(), hardware.hash, profile_dir, data_dir,
+                                progress.console.print if show_progress else lambda text: None) if profile else None
         for cell in cells:
             key = cell.key(hardware.hash)
             keys.append(key)
@@ -95,10 +100,25 @@ def run_cells(cells: list[Cell], store: Store, *, suite_name: str, data_dir: str
             if cell.nodes and (failed := nodes.ensure_link_profile(cell, run_processes, link_profile_mb, timeout,
                                                                    profile_dir, progress.refresh)):
                 progress.console.print(f"partrain: {failed}; its cells run, validate cannot predict them")
+            if beside:
+                beside.before(cell)
             outcome = measure(cell, data_dir, timeout, progress.refresh)
             store.record(cell, hardware, outcome, suite_name, commit)
             progress.end(cell, outcome)
     return keys
+
+
+def _runnable(cells: list[Cell], data_dir: str | None, timeout: float) -> list[tuple[Cell, RunConfig]]:
+    """The cells of the PyTorch engine that pass ``check_cell``, with their configuration."""
+    out = []
+    for cell in cells:
+        if cell.engine == "scratch":
+            continue
+        try:
+            out.append((cell, check_cell(cell, data_dir, timeout)))
+        except Exception:  # noqa: BLE001  (refused, or a factory that raises: the cell stores why when it runs)
+            continue
+    return out
 
 
 def measure(cell: Cell, data_dir: str | None, timeout: float, tick: Callable[[], None] = lambda: None) -> Outcome:

@@ -39,8 +39,13 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--store", help=STORE_HELP)
     p.add_argument("--data-dir", help="where the datasets are (default: the suite's data_dir, else $PARTRAIN_DATA_DIR)")
     p.add_argument("--force", action="store_true", help="run cells again even when already measured on this hardware")
-    p.add_argument("--profile-dir", help="across emulated nodes: where each link's hardware profile is kept "
-                   "(default: $PARTRAIN_PROFILE_DIR, else ~/.partrain/profiles)")
+    p.add_argument("--profile-dir", help="where --profile's profiles and, across emulated nodes, each link's hardware "
+                   "profile are kept (default: $PARTRAIN_PROFILE_DIR, else ~/.partrain/profiles)")
+    p.add_argument("--profile", action="store_true",
+                   help="take the profiles `partrain validate` predicts these cells from, fresh, right before the first "
+                   "cell that needs each (a model's before its first cell, the collectives' before the first cell of "
+                   "that many workers), into --profile-dir: validate then measures nothing, and its profiles saw the "
+                   "machine as the cells did")
     p.add_argument("--list", action="store_true", help="print the suite's cells and exit; runs and stores nothing")
     p.add_argument("--quiet", action="store_true", help="no progress and no table")
     from partrain.config import add_options
@@ -70,7 +75,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise PartrainError(reason)
     with Store(args.store) as store:
         rows = store.rows(run_suite(suite, store, force=args.force, data_dir=args.data_dir, show_progress=not args.quiet,
-                                    profile_dir=args.profile_dir))
+                                    profile_dir=args.profile_dir, profile=args.profile))
         path = store.path
     if not args.quiet:
         print_rows(rows, f"suite {suite.name} ({path}); * = extrapolated epoch")
