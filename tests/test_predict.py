@@ -554,12 +554,40 @@ def test_replicas_pipelines_pay_the_probe_timed_on_every_worker_at_once(mlp_prof
         return sum(w.seconds for w in costs.after[0] if w.name == "runtime" and w.cpu == cpu)
 
     # the side-by-side probe's 10 ms waits: computed, it would share the cores a second time; the
-    # one-pipeline probe's 1 ms is the runtime's compute, shared with the busy workers in the simulation
-    assert runtime(side, cpu=False) == 0.010 and runtime(one, cpu=False) == 0.0
-    assert runtime(one, cpu=True) == pytest.approx(runtime(side, cpu=True) + 0.001)
+    # one-pipeline probe's 1 ms is the runtime's compute, shared with the busy workers in the simulation;
+    # both less the loading of rank 0's 32 rows, which fills the wait (below)
+    data = interpolate(mlp_profile.batch_sizes, mlp_profile.data_s, 32)
+    assert 0 < data < 0.001
+    assert runtime(side, cpu=False) == pytest.approx(0.010 - data) and runtime(one, cpu=False) == 0.0
+    assert runtime(one, cpu=True) == pytest.approx(runtime(side, cpu=True) + 0.001 - data)
     assert predict_plan(mlp_profile, side, hybrid).seconds_per_step > predict_plan(mlp_profile, one, hybrid).seconds_per_step
     pipe = Plan("1f1b", workers=2, batch_size=64, pp=2, microbatches=4, schedule="1f1b", threads=1)
     assert predict_plan(mlp_profile, side, pipe) == predict_plan(mlp_profile, one, pipe)
+
+
+def test_a_pipelines_data_loading_fills_the_runtimes_per_step_wait(mlp_profile, cluster):
+    """The probe times the runtime's per-step cost over stages with their inputs in memory, where it
+    is mostly one stage waiting on the other; in training, both end stages first load their batch,
+    which fills that wait: each pays the cost less its loading, never below nothing."""
+    from partrain.predict.pipeline import _pipeline_costs, stage_bounds
+
+    plan = Plan("1f1b", workers=2, batch_size=64, pp=2, microbatches=4, schedule="1f1b", threads=1)
+
+    def runtime(loading: float, cost: float) -> list[float]:  # each rank's runtime work after its schedule
+        profile = dataclasses.replace(mlp_profile, data_s=[loading] * len(mlp_profile.batch_sizes))
+        hw = dataclasses.replace(cluster, compute_speed=1.0, compute_sharing={}, sync_s={}, pipeline_step_s=cost,
+                                 pipeline_hop_s=3e-4, points={"pipeline": {"message_bytes": 512}})
+        costs = _pipeline_costs(profile, hw, plan, stage_bounds(profile, plan), environment(hw, plan))
+        assert [sum(w.seconds for w in costs.before[r] if w.name == "data") for r in (0, 1)] == pytest.approx(
+            [loading] * 2)  # both end stages load the batch
+        return [sum(w.seconds for w in costs.after[r] if w.name == "runtime") for r in (0, 1)]
+
+    def paid(loading: float, cost: float) -> list[float]:  # what the runtime's per-step cost adds
+        return [a - b for a, b in zip(runtime(loading, cost), runtime(loading, 0.0))]
+
+    assert paid(0.0, 0.002) == pytest.approx([0.002] * 2)
+    assert paid(0.0015, 0.002) == pytest.approx([0.0005] * 2)
+    assert paid(0.005, 0.002) == pytest.approx([0.0] * 2)
 
 
 def test_interpolation_is_piecewise_linear_and_extrapolates():
