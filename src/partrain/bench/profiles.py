@@ -9,6 +9,10 @@ every batch size its cells and the store's earlier cells of it compute at: the o
 ``validate`` looks up), the machine's hardware profile for k local workers before the first
 cell of k workers (cells across emulated nodes have their link's, ``bench.nodes``). ``validate``
 with the same ``--profile-dir`` finds them in the cache and measures nothing.
+
+Each ``bench --profile`` takes them again: a store filled by several suites keeps the hardware
+profile of the last one. A profile taken while other processes held the CPU is not kept
+(``profile.cache``), and ``validate`` then takes its own.
 """
 
 from __future__ import annotations
