@@ -34,16 +34,14 @@ class ProfilesBeside:
                  directory: str | None, data_dir: str | None, say: Callable[[str], None] = print):
         """``runnable``: the suite's cells that pass ``check_cell``, with their configuration;
         ``earlier``: the store's rows (those measured on this hardware count, as in ``validate``)."""
-        stored = [row_config(r) for r in measured_rows(earlier, hardware_hash)]
-        self.wanted = batch_sizes_by_profile([(profile_key(cfg), cfg) for _, cfg in runnable] +
-                                             [(profile_key(cfg), cfg) for cfg in stored])
-        self.config = {cell.key(hardware_hash): cfg for cell, cfg in runnable}
-        self.hardware_hash = hardware_hash
+        configs = [cfg for _, cfg in runnable] + [row_config(r) for r in measured_rows(earlier, hardware_hash)]
+        self.wanted = batch_sizes_by_profile((profile_key(cfg), cfg) for cfg in configs)
+        self.config = dict(runnable)
         self.directory, self.data_dir, self.say = directory, data_dir, say
         self.done: set = set()
 
     def before(self, cell: Cell) -> None:
-        cfg = self.config.get(cell.key(self.hardware_hash))
+        cfg = self.config.get(cell)
         if cfg is None:  # refused: it stores its reason and predicts nothing
             return
         key = profile_key(cfg)
