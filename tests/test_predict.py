@@ -25,7 +25,7 @@ from partrain.predict.cluster import load_cluster
 from partrain.predict.comm import collective_time, transfer_time
 from partrain.predict.compute import interpolate
 from partrain.predict.data_parallel import ddp_buckets, overlapped_allreduce
-from partrain.predict.fits import CostFit, default_sizes, fit_cost
+from partrain.predict.fits import CostFit, Segment, default_sizes, fit_cost
 from partrain.predict.memory import optimizer_state_bytes, stage_state
 from partrain.predict.pipeline import stage_bounds
 from partrain.predict.pipeline_sim import (
@@ -432,6 +432,29 @@ def test_measured_sharing_and_sync_enter_data_parallel_steps(mlp_profile, cluste
     hybrid = Plan("hybrid", workers=2, batch_size=32, pp=1, dp=2, microbatches=2, schedule="1f1b", threads=1)
     assert predict_plan(mlp_profile, measured, hybrid).seconds_per_step - \
         predict_plan(mlp_profile, unsynced, hybrid).seconds_per_step == pytest.approx(0.002)
+
+
+def test_fsdp_on_cpu_waits_for_every_units_collectives(mlp_profile, cluster):
+    """On gloo nothing hides FSDP's collectives (no CUDA streams): each block with parameters
+    costs one ``fsdp_unit`` as measured, plus FSDP's world-of-one bookkeeping once. On NCCL
+    backward's gathers and reduce-scatters hide behind backward, its forward gathers do not."""
+    unit, per_byte = 0.004, 2e-9
+    fsdp_unit = CostFit((Segment(math.inf, unit, per_byte),))
+    hw = dataclasses.replace(cluster, compute_speed=1.0, compute_sharing={}, sync_s={}, nodes=1, workers_per_node=2,
+                             collectives={"intra": {2: {**cluster.collectives.get("intra", {}).get(2, {}),
+                                                        "fsdp_unit": fsdp_unit}}})
+    profile = dataclasses.replace(mlp_profile, world_of_one_s={"serial": 0.010, "fsdp": 0.013})
+    plan = Plan("fsdp", workers=2, dp=2, batch_size=32, threads=1)
+    on_cpu = predict_plan(profile, dataclasses.replace(hw, backend="gloo"), plan)
+    units = [blk.param_bytes for blk in profile.blocks if blk.param_bytes]
+    assert len(units) >= 2
+    assert on_cpu.comm_s == pytest.approx(sum(unit + n * per_byte for n in units) + 0.003)
+    bare = predict_plan(dataclasses.replace(profile, world_of_one_s={}), dataclasses.replace(hw, backend="gloo"), plan)
+    assert on_cpu.comm_s - bare.comm_s == pytest.approx(0.003)  # the bookkeeping, paid once
+    on_gpu = predict_plan(profile, dataclasses.replace(hw, backend="nccl"), plan)
+    forward_gathers = sum(collective_time(hw, "all_gather", n, [0, 1]) for n in units)
+    assert on_gpu.comm_s == pytest.approx(forward_gathers + 0.003)  # the cluster's fast links: backward hides the rest
+    assert on_gpu.comm_s < on_cpu.comm_s
 
 
 def test_pipeline_micro_batches_pay_gradient_accumulation_and_scaling(mlp_profile, cluster):

@@ -49,7 +49,7 @@ def test_model_profile_measures_every_block(mlp):
     assert ModelProfile.from_dict({**mlp.to_dict(), "average_s": 1e-3}) == mlp  # earlier versions' keys are ignored
     # partrain's own loop on a world of one, per strategy, at the smallest batch size
     assert mlp.world_of_one_batch == 4
-    assert set(mlp.world_of_one_s) == {"serial", "ddp", "local-sgd", "hybrid"}
+    assert set(mlp.world_of_one_s) == {"serial", "ddp", "local-sgd", "fsdp", "hybrid"}
     assert all(0 < t < 1 for t in mlp.world_of_one_s.values())
     assert 0 <= mlp.replica_wrapper_s < 0.1  # fully_shard's DTensor parameters and hooks cost a small model ~1 ms
     older = {k: v for k, v in mlp.to_dict().items() if k != "replica_wrapper_s"}
@@ -85,16 +85,16 @@ def test_world_of_one_strategies_take_turns_and_a_burst_spoils_one_round_only(mo
         if cfg.strategy == "hybrid":
             raise PartrainError("no blocks to cut")
         turn = sum(1 for s, _ in calls if s == cfg.strategy) - 1
-        step = {"serial": 0.010, "ddp": 0.012, "local-sgd": 0.011}[cfg.strategy] * (3 if (cfg.strategy, turn) in slow else 1)
+        step = {"serial": 0.010, "ddp": 0.012, "local-sgd": 0.011, "fsdp": 0.015}[cfg.strategy] * (3 if (cfg.strategy, turn) in slow else 1)
         return types.SimpleNamespace(step_seconds=[1.0] + [step] * (cfg.steps - 1))  # a slow warm-up step first
 
     monkeypatch.setattr(train, "train_worker", fake)
     args = {"batch_sizes": [16, 4], "world_of_one_steps": 30, "model": "mlp", "dataset": "mnist", "data_dir": None,
             "synthetic": True, "options": {}, "threads": 1, "run": {"precision": "fp32", "channels_last": False, "compile": False}}
     out = probe._time_world_of_one(args)
-    assert out == pytest.approx({"serial": 0.010, "ddp": 0.012, "local-sgd": 0.011})
+    assert out == pytest.approx({"serial": 0.010, "ddp": 0.012, "local-sgd": 0.011, "fsdp": 0.015})
     assert [s for s, _ in calls].count("hybrid") == 1  # refused once, not tried again
-    assert [s for s, _ in calls[:4]] == list(probe.WORLD_OF_ONE)  # turns: every strategy once per round
+    assert [s for s, _ in calls[:5]] == list(probe.WORLD_OF_ONE)  # turns: every strategy once per round
     assert {steps for _, steps in calls} == {1 + 30 // 3}
     args["world_of_one_steps"] = 2  # a big model's two steps: one round
     calls.clear()

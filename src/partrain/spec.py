@@ -107,7 +107,7 @@ SPECS: dict[str, StrategySpec] = {s.name: s for s in (
                  asynchronous_because="averaged only every K steps", options=("average_every",),
                  world_of_one_probe=True, variants=_data(*({"average_every": k} for k in (1, 8, "epoch")))),
     StrategySpec("fsdp", "data", "sharded data parallel (ZeRO-3): parameters, gradients and optimizer state sharded",
-                 _S + "fsdp:parallelize_fsdp", "fsdp", variants=_data({})),
+                 _S + "fsdp:parallelize_fsdp", "fsdp", world_of_one_probe=True, variants=_data({})),
     StrategySpec("model-parallel", "pipeline", "consecutive layer groups on consecutive workers, one batch at a time",
                  _S + "pipeline:parallelize_pipeline", "pipeline", default_schedule="gpipe",
                  variants=lambda w: [] if w == 1 else [dict(pp=w, schedule="gpipe")]),

@@ -10,7 +10,9 @@ all-reduce algorithms for clusters of workstations", JPDC 2009), for n bytes on 
 - allreduce (ring): 2(p-1) steps, 2(p-1)/p x n bytes on each link;
 - all-gather, reduce-scatter (ring): p-1 steps, (p-1)/p x n (n: the full, gathered size);
 - broadcast (binomial tree): ceil(log2 p) steps, each sending all n;
-- send/recv: 1 step, n.
+- send/recv: 1 step, n;
+- an FSDP unit's step (``fsdp_unit``): its two all-gathers (forward, backward) and its
+  reduce-scatter, 3(p-1) steps, 3(p-1)/p x n.
 
 A group spanning nodes is limited by the slower inter-node link.
 """
@@ -35,6 +37,8 @@ def algorithm_factors(name: str, p: int) -> tuple[float, float]:
         return depth, depth
     if name == "sendrecv":
         return 1, 1
+    if name == "fsdp_unit":
+        return 3 * (p - 1), 3 * (p - 1) / p
     raise ValueError(f"unknown collective {name!r}")
 
 

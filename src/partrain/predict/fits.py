@@ -14,7 +14,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
-COLLECTIVES = ("allreduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv", "ddp_allreduce")
+# ddp_allreduce and fsdp_unit: the collectives as DDP and fully_shard drive them (profile.collectives)
+COLLECTIVES = ("allreduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv", "ddp_allreduce", "fsdp_unit")
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,8 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
 # it): at 100 Mbit/s the old one let 64 KiB through at once after every pause. 9: the pipeline
 # probe's step times are medians of 9 rounds of 10 steps, not 3 of 30 (``measure_pipeline_hops``).
 # 10: with 4 or more workers, the probe also runs on every worker at once (``pipeline_side_by_side``)
-MEASUREMENT = 10
+# 11: ``fsdp_unit``, a ``fully_shard`` unit's collectives as FSDP drives them (``profile.collectives``)
+MEASUREMENT = 11
 
 
 class PipelineRuntime(NamedTuple):

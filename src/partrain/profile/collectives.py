@@ -2,10 +2,11 @@
 
 ``measure_collectives`` runs in every worker of a process group (gloo on CPU, NCCL on
 GPUs) and times allreduce, all-gather, reduce-scatter, broadcast and a send/recv
-ping-pong over message sizes from 16 bytes to tens of megabytes, and the allreduce once
-more as DDP drives it (``ddp_allreduce``: launched from the autograd hook, waited for at the
-end of backward, with DDP's bucket copies and bookkeeping), because on a CPU backend that
-costs measurably more than the bare collective. ``measure_pipeline_action`` times what
+ping-pong over message sizes from 16 bytes to tens of megabytes, the allreduce once more as
+DDP drives it (``ddp_allreduce``: launched from the autograd hook, waited for at the end of
+backward, with DDP's bucket copies and bookkeeping), because on a CPU backend that costs
+measurably more than the bare collective, and a ``fully_shard`` unit's gathers and
+reduce-scatter as FSDP drives them (``fsdp_unit``), for the same reason. ``measure_pipeline_action`` times what
 ``torch.distributed.pipelining`` adds to each micro-batch forward or backward.
 
 The ``measure_*`` functions run inside a process group; their sweeps are fitted by the pure
@@ -164,6 +165,9 @@ def _measure_collectives(group, group_ranks, pair, sizes, device, alone) -> tupl
         if name == "ddp_allreduce":
             results[name] = [(n, _ddp_sync_cost(n, group, alone, inside, device)) for n in sizes]
             continue
+        if name == "fsdp_unit":  # a unit's step costs 3 collectives and more: the fit carries it past 16 MiB
+            results[name] = [(n, _fsdp_unit_cost(n, group, alone, inside, device)) for n in sizes if n <= 16 * 2**20]
+            continue
         make = (lambda n: _op(name, n, group, group_ranks, device)) if inside else (lambda n: (lambda: None))
         if not _supported(make(sizes[0])):
             notes.append(f"{name} skipped: the {dist.get_backend()} backend does not run it")
@@ -208,6 +212,52 @@ def _ddp_sync_cost(nbytes: int, group, alone, inside: bool, device) -> float:
     base = _timed((lambda: step(one)) if inside else (lambda: None), repeats_for(nbytes))
     synced = _timed((lambda: step(ddp)) if inside else (lambda: None), repeats_for(nbytes))
     return max(0.0, synced - base)
+
+
+class _Unit(nn.Module):
+    """A root holding one ``_Flat`` child: the child is an FSDP unit that reshards after forward,
+    as ``strategies.fsdp`` wraps each block (FSDP keeps the root's own parameters gathered)."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.inner = _Flat(numel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def _fsdp_unit_cost(nbytes: int, group, alone, inside: bool, device) -> float:
+    """Seconds one ``fully_shard`` unit of ``nbytes`` of parameters on ``group`` adds to a
+    forward + backward, over the same unit on a world of one (``alone``): its all-gather before
+    forward, again before backward, and the reduce-scatter of its gradients, each with the
+    copies into and out of its flat buffers, called from the compute thread and waited for
+    there (on a CPU nothing overlaps them: FSDP's streams are CUDA's).
+
+    The unit's world-of-one bookkeeping is not in it: the model profile measures FSDP on a
+    world of one for the model itself (``world_of_one_s``), and the predictor adds it once.
+    (On 2 idle gloo workers: 4.6 ms for a unit of 1 KB to 72 KB, 10.8 ms for 1.5 MiB, where the
+    bare collectives' fits, two all-gathers and a reduce-scatter, add to 2.1 and 5.8 ms.)"""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    p = dist.get_world_size(group) if inside else 1
+    numel = max(p, nbytes // 4 // p * p)
+    x = torch.ones(numel, device=device)
+
+    def wrapped(on) -> nn.Module:
+        unit = _Unit(numel).to(device)
+        mesh = DeviceMesh.from_group(on, device.type)
+        fully_shard(unit.inner, mesh=mesh)
+        return fully_shard(unit, mesh=mesh)
+
+    def step(module: nn.Module):
+        module.zero_grad(set_to_none=True)
+        module(x).backward()
+
+    one, many = (wrapped(alone), wrapped(group)) if inside else (None, None)
+    base = _timed((lambda: step(one)) if inside else (lambda: None), repeats_for(nbytes))
+    sharded = _timed((lambda: step(many)) if inside else (lambda: None), repeats_for(nbytes))
+    return max(0.0, sharded - base)
 
 
 def measure_pipeline_action(group, device, width: int = 64, microbatches: int = 8) -> float:

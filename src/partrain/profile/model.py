@@ -234,7 +234,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
                                      else str(data_dir), synthetic=synthetic, options=options, seed=seed),
                                 sharing_batch) if dev.type == "cpu" else None
     try:
-        phase(f"profile {model}", "memory and the training loop of serial, DDP and local SGD on a world of one (a fresh process)")
+        phase(f"profile {model}", "memory and the training loop of serial, DDP, local SGD, FSDP and a hybrid on a world of one (a fresh process)")
         memory = measure_memory(model, dataset, spec.input_shape, spec.num_classes, batch_sizes, threads, data_dir, synthetic,
                                 options, world_of_one_steps(step_s), step_s=step_s,
                                 run={"device": dev.type, "precision": precision, "channels_last": channels_last,
