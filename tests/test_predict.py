@@ -192,6 +192,24 @@ def test_a_hardware_profile_measured_by_an_earlier_method_is_measured_again(tmp_
     assert not reused and HardwareProfile.load(local).method == MEASUREMENT
 
 
+def test_a_model_profile_measured_by_an_earlier_method_is_measured_again(tmp_path, monkeypatch, capsys, mlp_profile):
+    """A model profile from before FSDP's loop was timed on a world of one would predict FSDP
+    without its bookkeeping: the cache measures it again, as it does an old hardware profile."""
+    from partrain.predict.profiles import MODEL_MEASUREMENT, ModelProfile
+    from partrain.profile import cache
+
+    assert "fsdp" in mlp_profile.world_of_one_s and mlp_profile.method == MODEL_MEASUREMENT
+    old = {k: v for k, v in mlp_profile.to_dict().items() if k != "method"}
+    assert ModelProfile.from_dict(old).stale and not ModelProfile.from_dict(mlp_profile.to_dict()).stale
+    path = cache.profile_path(tmp_path, "mlp", "mnist", [4, 16], 1, synthetic=True)
+    path.write_text(json.dumps(old))
+    monkeypatch.setattr("partrain.profile.model.profile_model", lambda *a, **k: mlp_profile)
+    profile, _, reused = cache.load_or_profile("mlp", "mnist", [4, 16], 1, tmp_path, synthetic=True)
+    assert not reused and profile is mlp_profile and not ModelProfile.load(path).stale
+    assert "measured by an earlier partrain" in capsys.readouterr().err
+    assert cache.load_or_profile("mlp", "mnist", [4, 16], 1, tmp_path, synthetic=True)[2]  # now reused
+
+
 def test_a_hardware_profile_timed_on_a_busy_machine_is_measured_again_and_not_kept(tmp_path, monkeypatch, capsys):
     from partrain.profile import cache
 

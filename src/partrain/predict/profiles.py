@@ -80,6 +80,9 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
 # 10: with 4 or more workers, the probe also runs on every worker at once (``pipeline_side_by_side``)
 # 11: ``fsdp_unit``, a ``fully_shard`` unit's collectives as FSDP drives them (``profile.collectives``)
 MEASUREMENT = 11
+# How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
+# (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
+MODEL_MEASUREMENT = 2
 
 
 class PipelineRuntime(NamedTuple):
@@ -264,6 +267,12 @@ class ModelProfile(JsonProfile):
     # the predictor falls back to the hardware profile's probe)
     compute_sharing: dict[int, float] = field(default_factory=dict)
     sharing_batch: int = 0
+    method: int = MODEL_MEASUREMENT  # the MODEL_MEASUREMENT that took it (files without one: 1)
+
+    @property
+    def stale(self) -> bool:
+        """Measured by an earlier method than this partrain's (``MODEL_MEASUREMENT``)."""
+        return self.method < MODEL_MEASUREMENT
 
     @property
     def on_gpu(self) -> bool:
@@ -292,7 +301,8 @@ class ModelProfile(JsonProfile):
         blocks = [BlockProfile(**b) for b in d["blocks"]]
         known = {f.name for f in fields(cls)}  # profiles saved by earlier versions may carry retired keys
         sharing = {int(k): float(v) for k, v in d.get("compute_sharing", {}).items()}  # JSON keys are strings
-        return cls(**{**{k: v for k, v in d.items() if k in known}, "blocks": blocks, "compute_sharing": sharing})
+        return cls(**{"method": 1, **{k: v for k, v in d.items() if k in known}, "blocks": blocks,
+                      "compute_sharing": sharing})
 
 
 def busy_warning(profile: ModelProfile, threshold: float = 0.1) -> str | None:

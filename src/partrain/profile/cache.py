@@ -172,10 +172,14 @@ def load_or_profile(model: str, dataset: str, batch_sizes: list[int], threads: i
     if path.is_file() and not refresh:
         try:
             profile = ModelProfile.load(path)
-            if run.matches(profile):
+            if profile.stale:
+                print(f"partrain: {path} was measured by an earlier partrain, whose figures mean something else: "
+                      "measuring it again", file=sys.stderr)
+            elif run.matches(profile):
                 return profile, path, True
-            print(f"partrain: {path} was taken on {profile.device} at {profile.precision}, not as asked: measuring it again",
-                  file=sys.stderr)
+            else:
+                print(f"partrain: {path} was taken on {profile.device} at {profile.precision}, not as asked: "
+                      "measuring it again", file=sys.stderr)
         except PartrainError as err:  # edited, failing validation, or written by another partrain version
             print(f"partrain: {_problem(err)}: measuring it again", file=sys.stderr)
     from partrain.profile.model import profile_model
