@@ -6,7 +6,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from partrain.distributed.launch import detect_launcher, init_process_group, leave_process_group
-from partrain.profile.collectives import measure_pipelines_side_by_side
+from partrain.profile.step_probes import measure_pipelines_side_by_side
 
 
 @record

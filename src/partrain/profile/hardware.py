@@ -23,9 +23,8 @@ from partrain.predict.fits import CostFit, default_sizes, fit_cost, fit_excess
 from partrain.predict.machine import fingerprint as machine
 from partrain.predict.pipeline_sim import PipelineCosts, schedule_order, simulate
 from partrain.predict.profiles import HardwareProfile
-from partrain.profile.collectives import (
-    background_load,
-    measure_collectives,
+from partrain.profile.collectives import background_load, measure_collectives
+from partrain.profile.step_probes import (
     measure_compute_sharing,
     measure_pipeline_action,
     measure_pipeline_hops,

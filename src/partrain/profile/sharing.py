@@ -1,6 +1,6 @@
 """How much slower this model's own compute runs when k workers share the node.
 
-The hardware profile's sharing probe (``profile.collectives.measure_compute_sharing``) times
+The hardware profile's sharing probe (``profile.step_probes.measure_compute_sharing``) times
 one fixed convolution side by side; a model whose step is mostly small matrix products,
 LayerNorm and Python (a token model), or a bigger one that streams more memory, shares the
 cores, caches and memory bandwidth differently. Issue 17 measured every 2-worker
