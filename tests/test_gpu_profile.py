@@ -70,7 +70,7 @@ def test_a_cpu_profile_keeps_the_shape_it_had(fp32):
     assert (d["device"], d["precision"], d["channels_last"], d["compile"]) == ("cpu", "fp32", False, False)
     assert d["train_peak_reserved_bytes"] == []  # on CPU: the resident set, as before
     assert len(d["loop_s"]) == len(d["batch_sizes"]) and d["loop_s"][0] == d["world_of_one_s"]["serial"]
-    assert set(fp32.world_of_one_s) == {"serial", "ddp", "local-sgd", "hybrid"}
+    assert set(fp32.world_of_one_s) == {"serial", "ddp", "local-sgd", "fsdp", "hybrid"}
     older = ModelProfile.from_dict({k: v for k, v in d.items() if k in OLD_KEYS})  # saved before these fields
     assert older.device == "cpu" and older.run_options() == {"precision": "fp32", "channels_last": False, "compile": False}
 
@@ -83,7 +83,7 @@ def test_a_bf16_profile_on_cpu_is_measured_under_autocast(fp32, bf16):
     assert bf16.blocks[1].flops == fp32.blocks[1].flops  # the same arithmetic, in another type
     assert all(t > 0 for b in bf16.blocks for t in b.fwd_s + b.bwd_s)
     assert bf16.param_bytes == fp32.param_bytes  # autocast keeps fp32 master weights
-    assert len(bf16.train_peak_rss_bytes) == 2 and set(bf16.world_of_one_s) == {"serial", "ddp", "local-sgd", "hybrid"}
+    assert len(bf16.train_peak_rss_bytes) == 2 and set(bf16.world_of_one_s) == {"serial", "ddp", "local-sgd", "fsdp", "hybrid"}
 
 
 def test_the_stopwatch_on_cpu_is_the_host_clock():

@@ -90,12 +90,16 @@ def test_what_a_10x_slower_or_faster_link_changes_is_the_pick_on_that_link(tmp_p
 def test_a_plan_that_does_not_fit_the_memory_limit_is_never_recommended(tmp_path, mlp_profile):
     hw = load_cluster(cluster(tmp_path))
     free = recommend(lambda t: mlp_profile, hw, workers=2, batch_size=64)
-    limit = free.winner.memory_bytes_per_worker - 1  # the unconstrained winner no longer fits
+    memories = sorted({p.memory_bytes_per_worker for p in free.ranked})
+    limit = memories[-2]  # the plans that need the most memory no longer fit, the others do
+    too_big = {p.plan for p in free.ranked if p.memory_bytes_per_worker > limit}
+    assert too_big
     rec = recommend(lambda t: mlp_profile, hw, workers=2, batch_size=64, memory_limit=limit)
     assert all(p.memory_bytes_per_worker <= limit for p in rec.ranked)
-    assert rec.winner.plan != free.winner.plan
+    assert {p.plan for p in rec.ranked} == {p.plan for p in free.ranked} - too_big
+    assert rec.winner.plan not in too_big
     reasons = {p: r for p, r in rec.rejected}
-    assert reasons[free.winner.plan].startswith("out of memory: needs ")
+    assert all(reasons[plan].startswith("out of memory: needs ") for plan in too_big)
 
 
 def test_a_model_too_big_for_one_device_gets_a_sharded_or_pipelined_plan(tmp_path, mlp_profile):
