@@ -87,7 +87,7 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
             occasional = comm
             notes.append(f"averaging amortized over {every} steps; the median step has none")
     elif cost == "fsdp":
-        comm, buffers = _fsdp_comm(profile, hw, ranks, fwd, bwd, slow)
+        comm, buffers = _fsdp_comm(profile, hw, ranks, bwd, slow)
         comm += env.sync_s
         grads, opt_state = stage_state(profile, 0, len(params), plan.optimizer, plan.momentum, shards=dp)
     elif cost == "shared":  # hogwild: no communication; workers update shared weights in place
@@ -115,7 +115,7 @@ def _ddp_comm(profile: ModelProfile, hw: HardwareProfile, plan: Plan, ranks: lis
     return exposed + collective_time(hw, "broadcast", buffer_bytes, ranks)
 
 
-def _fsdp_comm(profile: ModelProfile, hw: HardwareProfile, ranks: list[int], fwd: list[float], bwd: list[float],
+def _fsdp_comm(profile: ModelProfile, hw: HardwareProfile, ranks: list[int], bwd: list[float],
                slow: float) -> tuple[float, int]:
     """(exposed communication, gathered-parameter bytes) of ``fully_shard`` per block.
 

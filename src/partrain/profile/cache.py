@@ -70,6 +70,10 @@ def hardware_across(workers: int, nodes: int, link_mbit: float, directory=None) 
     return None if profile is None or profile.stale else profile
 
 
+# a cached profile whose ``stale`` is true (measured by an earlier MEASUREMENT or MODEL_MEASUREMENT)
+EARLIER_METHOD = "was measured by an earlier partrain, whose figures mean something else: measuring it again"
+
+
 def _problem(err: PartrainError) -> str:
     """What is wrong with a cached profile, without the fix the cache is about to apply."""
     return str(err).removesuffix(": delete it or profile again")
@@ -143,8 +147,7 @@ def hardware_for(workers: int, directory=None, refresh: bool = False,
             kept = HardwareProfile.load(path)
             if not kept.stale:
                 return kept, path, True
-            print(f"partrain: {path} was measured by an earlier partrain, whose figures mean something else: "
-                  "measuring it again", file=sys.stderr)
+            print(f"partrain: {path} {EARLIER_METHOD}", file=sys.stderr)
         except PartrainError as err:  # edited, or written by another partrain: measured again
             print(f"partrain: {_problem(err)}: measuring it again", file=sys.stderr)
     from partrain.profile.hardware import profile_hardware
@@ -173,8 +176,7 @@ def load_or_profile(model: str, dataset: str, batch_sizes: list[int], threads: i
         try:
             profile = ModelProfile.load(path)
             if profile.stale:
-                print(f"partrain: {path} was measured by an earlier partrain, whose figures mean something else: "
-                      "measuring it again", file=sys.stderr)
+                print(f"partrain: {path} {EARLIER_METHOD}", file=sys.stderr)
             elif run.matches(profile):
                 return profile, path, True
             else:

@@ -186,6 +186,22 @@ class _Flat(nn.Module):
         return (self.w * x).sum()
 
 
+def _excess_over_alone(wrap, numel: int, nbytes: int, group, alone, inside: bool, device) -> float:
+    """Seconds a forward + backward of ``wrap(group)`` takes beyond ``wrap(alone)``'s, the same
+    module on this rank's world of one (``wrap(on)``: a new module over ``numel`` floats, its
+    parallel wrapper on process group ``on``). Ranks outside ``group`` time nothing but join
+    every barrier."""
+    x = torch.ones(numel, device=device)
+
+    def step(module: nn.Module):
+        module.zero_grad(set_to_none=True)
+        module(x).backward()
+
+    one, many = (wrap(alone), wrap(group)) if inside else (None, None)
+    base = _timed((lambda: step(one)) if inside else (lambda: None), repeats_for(nbytes))
+    return max(0.0, _timed((lambda: step(many)) if inside else (lambda: None), repeats_for(nbytes)) - base)
+
+
 def _ddp_sync_cost(nbytes: int, group, alone, inside: bool, device) -> float:
     """Seconds DDP on ``group`` adds to a forward + backward whose gradients (``nbytes``, one
     bucket) are ready only when backward ends, over the same DDP step on a world of one
@@ -197,20 +213,10 @@ def _ddp_sync_cost(nbytes: int, group, alone, inside: bool, device) -> float:
     with its own parameters and buckets, and the predictor adds it once. (Against the bare
     module, on 2 idle gloo workers, this was 0.83-0.99 ms for a bucket of 16 B to 256 KB, of
     which 0.14-0.24 ms was that world-of-one bookkeeping, counted twice.)"""
-    flat = _Flat(max(1, nbytes // 4)).to(device)
-    x = torch.ones_like(flat.w)
-
-    def step(module: nn.Module):
-        module.zero_grad(set_to_none=True)
-        module(x).backward()
-
-    cap = nbytes / 2**20 + 1
-    ddp = DistributedDataParallel(flat, process_group=group, bucket_cap_mb=cap) if inside else None
-    one = DistributedDataParallel(_Flat(flat.w.numel()).to(device), process_group=alone, bucket_cap_mb=cap) \
-        if inside else None
-    base = _timed((lambda: step(one)) if inside else (lambda: None), repeats_for(nbytes))
-    synced = _timed((lambda: step(ddp)) if inside else (lambda: None), repeats_for(nbytes))
-    return max(0.0, synced - base)
+    numel, cap = max(1, nbytes // 4), nbytes / 2**20 + 1
+    return _excess_over_alone(
+        lambda on: DistributedDataParallel(_Flat(numel).to(device), process_group=on, bucket_cap_mb=cap),
+        numel, nbytes, group, alone, inside, device)
 
 
 class _Unit(nn.Module):
@@ -240,8 +246,7 @@ def _fsdp_unit_cost(nbytes: int, group, alone, inside: bool, device) -> float:
     from torch.distributed.fsdp import fully_shard
 
     p = dist.get_world_size(group) if inside else 1
-    numel = max(p, nbytes // 4 // p * p)
-    x = torch.ones(numel, device=device)
+    numel = max(p, nbytes // 4 // p * p)  # shards evenly
 
     def wrapped(on) -> nn.Module:
         unit = _Unit(numel).to(device)
@@ -249,11 +254,4 @@ def _fsdp_unit_cost(nbytes: int, group, alone, inside: bool, device) -> float:
         fully_shard(unit.inner, mesh=mesh)
         return fully_shard(unit, mesh=mesh)
 
-    def step(module: nn.Module):
-        module.zero_grad(set_to_none=True)
-        module(x).backward()
-
-    one, many = (wrapped(alone), wrapped(group)) if inside else (None, None)
-    base = _timed((lambda: step(one)) if inside else (lambda: None), repeats_for(nbytes))
-    sharded = _timed((lambda: step(many)) if inside else (lambda: None), repeats_for(nbytes))
-    return max(0.0, sharded - base)
+    return _excess_over_alone(wrapped, numel, nbytes, group, alone, inside, device)
