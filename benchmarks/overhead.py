@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from partrain.config import RunConfig
 from partrain.data import load_dataset
+from partrain.distributed.launch import detect_launcher, init_process_group
 from partrain.distributed.spawn import spawn
 from partrain.models import build_model
 from partrain.runner import run_training
@@ -45,7 +46,7 @@ def steady_median(seconds: list[float]) -> float:
 def plain_ddp_worker(model_name: str, batch: int, steps: int, data_dir: str) -> list[float]:
     """The textbook DDP loop, written by hand: what partrain's ddp must not be slower than."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    init_process_group(detect_launcher(), "gloo", timeout_s=120)  # spawn's private rendezvous
     rank, world = dist.get_rank(), dist.get_world_size()
     data = load_dataset("mnist", "train", data_dir=data_dir)
     torch.manual_seed(0)
