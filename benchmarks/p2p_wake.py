@@ -13,15 +13,15 @@ partrain's hardware profile times a message inside a real pipeline over tiny sta
 compute almost nothing (``profile.step_probes.measure_pipeline_hops``). This shows what
 that leaves out. On the 2-core VM partrain is developed on (a Firecracker guest, Linux
 6.18, torch 2.13, session 37): with nothing computed between messages the mean latency was
-0.23-0.40 ms (p90 0.24-0.33); after 0.6 ms of compute 0.59-1.02 ms (p90 2.0-3.4); after
-1.7 ms 1.04-1.44 ms (p90 2.5-4.4). The median stays near 0.2 ms: the cost is a tail of
-1-4 ms waits in a growing share of the exchanges (at 1.7 ms, 200-280 of 560). Neither the
+0.23-0.40 ms (p90 0.24-0.33); after 0.6 ms of compute 0.59-1.16 ms (p90 2.0-3.4); after
+1.7 ms 1.04-1.80 ms (p90 2.5-4.4). The median stays near 0.2 ms: the cost is a tail of
+1-4 ms waits in a growing share of the exchanges (at 1.7 ms, 36-59% of them). Neither the
 guest's scheduler nor its own load explains it: a 0.1 ms scheduler slice for gloo's I/O
 thread (EEVDF's custom slice) changed nothing, and two busy-looping processes at the lowest
 priority, even ``SCHED_IDLE``, made the tail worse (mean 2.2-2.7 ms after 1.7-6 ms of
 compute). The stage compute of a real pipeline sits in that range, so its step pays a
 share of these waits that the profile's probe does not see: issue 17's small 2-stage
-pipelines at batch 256 measured 14-24% over their prediction.
+pipelines at batch 256 measured 10-24% over their prediction.
 """
 
 from __future__ import annotations
