@@ -56,7 +56,7 @@ def exchange_worker(computes_ms: list[float], exchanges: int) -> dict:
     times = {}
     for ms in computes_ms:
         reps = round(ms / 1e3 / product_s)
-        record_ = []
+        pairs = []
         dist.barrier()
         for _ in range(exchanges):
             for _ in range(reps):
@@ -65,8 +65,8 @@ def exchange_worker(computes_ms: list[float], exchanges: int) -> dict:
             ops = [dist.P2POp(dist.isend, out, peer), dist.P2POp(dist.irecv, inp, peer)]
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
-            record_.append((posted, time.time()))
-        times[ms] = record_[WARMUP:]
+            pairs.append((posted, time.time()))
+        times[ms] = pairs[WARMUP:]
     dist.destroy_process_group()
     return times
 

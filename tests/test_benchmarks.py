@@ -38,7 +38,7 @@ def test_p2p_wake_times_every_exchange_on_both_workers(benchmarks):
     rows = bench.summarize(by_rank)
     assert [r["compute_ms"] for r in rows] == [0.0, 0.2]
     for r in rows:  # two workers' latencies per exchange
-        assert r["exchanges"] == 10 and 0 <= r["median_ms"] <= r["p90_ms"] and r["over_1ms"] <= 10
+        assert r["exchanges"] == 10 and 0 <= r["median_ms"] <= r["p90_ms"]
 
 
 @pytest.mark.timeout(180)
