@@ -68,6 +68,11 @@ CASES = [
     ("save-model-missing-parent", [*TRAIN, "--save-model", "{tmp}/no/such/m.pt"], {}, ["--save-model"]),
     ("checkpoint-is-a-file", [*TRAIN, "--checkpoint", "{tmp}/f.txt"], {"f.txt": "x"}, ["--checkpoint"]),
     ("events-is-a-file", [*TRAIN, "--events", "{tmp}/f.txt"], {"f.txt": "x"}, ["--events"]),
+    # /proc takes no new files, not even from root, whom os.access lets write anywhere
+    ("checkpoint-where-nothing-can-be-made", [*TRAIN, "--checkpoint", "/proc/partrain-ck"], {}, ["--checkpoint", "not writable"]),
+    ("step-out-of-memory", [*TRAIN, "--model", "tests.userfactory:out_of_memory"], {}, ["out of memory", "56.1 GiB", "--batch-size"]),
+    ("step-out-of-memory-on-a-worker", [*TRAIN, "--model", "tests.userfactory:out_of_memory", "--strategy", "ddp", "--workers", "2"], {},
+     ["out of memory", "(ddp, 2 workers)", "--batch-size"]),
     ("data-dir-5000-chars", ["train", "--data-dir", "x" * 5000, "--steps", "1"], {}, ["data"]),
     ("factory-raises", [*TRAIN, "--model", "tests.userfactory:raises"], {}, ["raised ValueError", "width must be even"]),
     ("factory-exits", [*TRAIN, "--model", "tests.userfactory:exits"], {}, ["sys.exit(3)"]),

@@ -54,3 +54,22 @@ def wrong_output(input_shape, num_classes):
 def bad_shapes(input_shape, num_classes):
     """Its second block expects 100 features and gets 32."""
     return nn.Sequential(nn.Flatten(), nn.Linear(int(torch.tensor(input_shape).prod()), 32), nn.Linear(100, num_classes))
+
+
+class AllocatorFails(nn.Module):
+    """Raises the CPU allocator's own error on batches larger than the launcher's check sends,
+    as a training step that does not fit in host memory does."""
+
+    def __init__(self, in_features: int, num_classes: int):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 4:
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                               "memory: you tried to allocate 60211200000 bytes. Error code 12 (Cannot allocate memory)")
+        return self.body(x)
+
+
+def out_of_memory(input_shape, num_classes):
+    return AllocatorFails(int(torch.tensor(input_shape).prod()), num_classes)

@@ -11,7 +11,9 @@ data, unknown model) with one clear line, so a bad configuration never spawns an
 from __future__ import annotations
 
 import os
+import re
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -85,7 +87,7 @@ def check_output_dir(flag: str, path: str) -> None:
     if p.exists() and not p.is_dir():
         raise PartrainError(f"{flag} {path}: a file is in the way; give a directory")
     existing = next(a for a in (p, *p.parents) if a.exists())
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not _can_write_in(existing):
         raise PartrainError(f"{flag} {path}: {existing} is not writable; choose another place")
 
 
@@ -96,15 +98,54 @@ def check_output_file(flag: str, path: str) -> None:
         raise PartrainError(f"{flag} {path}: is a directory; give a file name, e.g. {p / 'model.pt'}")
     if not p.parent.is_dir():
         raise PartrainError(f"{flag} {path}: the folder {p.parent} does not exist; create it first")
-    if not os.access(p.parent, os.W_OK):
+    if not _can_write_in(p.parent):
         raise PartrainError(f"{flag} {path}: the folder {p.parent} is not writable")
+
+
+def _can_write_in(folder: Path) -> bool:
+    """Whether something can be created in ``folder``, tried for real and removed: ``os.access``
+    says yes to root everywhere, /proc and /sys included, where the run would fail only when it
+    first saved (``--checkpoint /proc/x`` trained to the end of the epoch, then raised)."""
+    try:
+        with tempfile.TemporaryDirectory(dir=folder, prefix=".partrain-check-"):
+            return True
+    except OSError:
+        return False
+
+
+def _worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool, on_epoch: EpochHook | None) -> RunResult | None:
+    """``train_worker``, with a step that does not fit in memory said in one line."""
+    try:
+        return train_worker(cfg, info, show_progress, on_epoch)
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        oom = out_of_memory(err, cfg)
+        if oom is None:
+            raise
+        raise oom from err
+
+
+def out_of_memory(err: BaseException, cfg: RunConfig) -> PartrainError | None:
+    """The one line for an allocation that failed (the CPU allocator's RuntimeError, CUDA's
+    ``OutOfMemoryError``), with what to do; None for any other error."""
+    text = str(err)
+    if not isinstance(err, torch.OutOfMemoryError) and "can't allocate memory" not in text:
+        return None
+    asked = re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]i?B|\d+ bytes)", text)
+    size = asked.group(1) if asked else "more"
+    if size.endswith(" bytes"):
+        size = f"{int(size.split()[0]) / 2**30:.1f} GiB"
+    where = "GPU" if isinstance(err, torch.OutOfMemoryError) else "machine"
+    return PartrainError(f"out of memory: {cfg.model} on {cfg.dataset} at batch {cfg.batch_size} ({cfg.strategy}, "
+                         f"{cfg.workers} worker{'s' * (cfg.workers > 1)}) asked for {size} more than this {where} had; "
+                         "lower --batch-size, or split the model over more workers (fsdp, gpipe, 1f1b): "
+                         "`partrain recommend` predicts what fits")
 
 
 @record
 def worker_main(cfg: RunConfig, show_progress: bool, on_epoch: EpochHook | None = None) -> RunResult | None:
     """Entry point of a spawned worker: its environment says which rank it is."""
     try:
-        return train_worker(cfg, detect_launcher(), show_progress, on_epoch)
+        return _worker(cfg, detect_launcher(), show_progress, on_epoch)
     except PartrainError:
         raise  # @record hands its message to the launcher, which raises it as one line
     except Exception:
@@ -124,9 +165,9 @@ def run_training(cfg: RunConfig, show_progress: bool = True, on_epoch: EpochHook
                 "leave --workers out under a launcher, or make them agree"
             )
         cfg = preflight(cfg)  # on every rank: each refuses alike, none waits for a peer that quit
-        return train_worker(cfg, info, show_progress, on_epoch)
+        return _worker(cfg, info, show_progress, on_epoch)
     cfg = preflight(cfg)
     if cfg.workers == 1:
-        return train_worker(cfg, LaunchInfo("none"), show_progress, on_epoch)
+        return _worker(cfg, LaunchInfo("none"), show_progress, on_epoch)
     results = spawn(worker_main, (cfg, show_progress, on_epoch), cfg.workers)
     return results[0]
