@@ -81,6 +81,9 @@ CASES = [
     ("resume-missing", [*TRAIN, "--resume", "{tmp}/none"], {}, ["--resume"]),
     ("resume-corrupt-meta", [*TRAIN, "--resume", "{tmp}/ck"], {"ck/LATEST": "step-000001", "ck/step-000001/meta.json": "{not json"}, ["meta.json"]),
     ("predict-workers-zero", ["predict", "--workers", "0", "--profile-dir", "{tmp}/p"], {}, ["--workers"]),
+    # a local profile with more workers than the machine can run (it spawned them all, for minutes)
+    ("recommend-workers-beyond-the-machine", ["recommend", "--workers", "100000", "--profile-dir", "{tmp}/p"], {}, ["--workers 100000", "--cluster"]),
+    ("profile-workers-beyond-the-machine", ["profile", "--hardware", "--workers", "100000", "--profile-dir", "{tmp}/p"], {}, ["--workers 100000"]),
     ("recommend-workers-zero", ["recommend", "--workers", "0", "--profile-dir", "{tmp}/p"], {}, ["--workers"]),
     ("profile-max-mb-negative", ["profile", "--hardware", "--max-mb", "-1", "--profile-dir", "{tmp}/p"], {}, ["--max-mb"]),
     ("profile-dir-is-a-file", ["profile", "--profile-dir", "{tmp}/f.txt"], {"f.txt": "x"}, ["--profile-dir"]),

@@ -24,7 +24,7 @@ from partrain import checkpoint
 from partrain.config import RunConfig
 from partrain.data import dataset_spec, load_dataset
 from partrain.distributed.launch import LaunchInfo, detect_launcher
-from partrain.distributed.spawn import spawn
+from partrain.distributed.spawn import MAX_PER_CORE, check_local_workers, spawn
 from partrain.errors import PartrainError
 from partrain.models import build_model
 from partrain.models.check import checked_model
@@ -56,17 +56,11 @@ def preflight(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-# More workers or threads than this many per core cannot help and only exhausts the machine
-# (`--threads 100000` crashes the OpenMP runtime; `--workers 1000` forks until memory runs out).
-MAX_PER_CORE = 4
-
-
 def check_machine(cfg: RunConfig) -> None:
     """Refuse workers and threads this machine cannot run (a launcher's job is its own affair)."""
     cores = os.cpu_count() or 1
-    if not detect_launcher().launched and cfg.workers > MAX_PER_CORE * cores:
-        raise PartrainError(f"--workers {cfg.workers} on a machine with {cores} cores: at most "
-                            f"{MAX_PER_CORE * cores} local workers; use a launcher (torchrun, srun) for more machines")
+    if not detect_launcher().launched:
+        check_local_workers(cfg.workers, "use a launcher (torchrun, srun) for more machines")
     if cfg.threads is not None and cfg.threads > MAX_PER_CORE * cores:
         raise PartrainError(f"--threads {cfg.threads} on a machine with {cores} cores: at most {MAX_PER_CORE * cores} "
                             f"(leave --threads out for cores / local workers)")

@@ -44,6 +44,18 @@ from partrain.errors import PartrainError
 RENDEZVOUS_ENV = "PARTRAIN_RENDEZVOUS_FILE"  # a worker started here reads its FileStore path from it
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
+# More local workers than this many per core cannot help and only exhausts the machine
+# (`--workers 1000` forks until memory runs out; `--threads 100000` crashes the OpenMP runtime).
+MAX_PER_CORE = 4
+
+
+def check_local_workers(workers: int, more: str) -> None:
+    """Refuse to start more local workers than this machine can run; ``more`` says where more go."""
+    cores = os.cpu_count() or 1
+    if workers > MAX_PER_CORE * cores:
+        raise PartrainError(f"--workers {workers} on a machine with {cores} cores: at most {MAX_PER_CORE * cores} "
+                            f"local workers; {more}")
+
 
 class WorkerFailed(PartrainError):
     """A worker process died or raised; names the rank."""

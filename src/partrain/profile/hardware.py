@@ -186,7 +186,7 @@ def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dic
 def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str | None = None, threads: int = 1) -> HardwareProfile:
     """Measure the collectives with ``workers`` workers (or the launcher's) and fit them."""
     from partrain.distributed.launch import detect_launcher
-    from partrain.distributed.spawn import spawn
+    from partrain.distributed.spawn import check_local_workers, spawn
 
     sizes = sizes or default_sizes()
     info = detect_launcher()
@@ -198,6 +198,8 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
     else:
         if workers < 2:
             raise PartrainError("profile --hardware needs at least 2 workers to time collectives: use --workers 2 or more")
+        check_local_workers(workers, "measure bigger machines there (profile --hardware under torchrun), or describe "
+                                     "them with --cluster FILE (examples/cluster.toml)")
         before, started = cpu_seconds(), time.perf_counter()
         raw = spawn(hardware_worker, (sizes, backend, threads), workers)[0]
         others = others_share(before, cpu_seconds(), time.perf_counter() - started)  # the workers are waited-for children
