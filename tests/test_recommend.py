@@ -139,6 +139,17 @@ def test_json_is_complete_and_the_printed_command_runs_as_printed(tmp_path, prof
     assert proc.stdout.startswith(f"mlp on mnist, {winner['plan']['strategy']} x{winner['plan']['workers']}")
 
 
+def test_the_printed_command_trains_the_model_as_it_was_profiled(tmp_path, profile_dir, capsys):
+    """Its options and generated data: without them the command trained another model than the one predicted."""
+    argv = ["recommend", "--model", "tests.userfactory:build", "--dataset", "mnist", "--synthetic", "--model-option", "width=24",
+            "--workers", "2", "--batch-size", "64", "--cluster", str(cluster(tmp_path)), "--profile-dir", str(profile_dir), "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    for command in (out["command"], out["torchrun_command"]):
+        args = shlex.split(command)
+        assert "--synthetic" in args and args[args.index("--model-option") + 1] == "width=24", command
+
+
 @pytest.mark.slow
 def test_run_trains_the_plan_it_printed(tmp_path, profile_dir, data_dir, capsys):
     argv = ["recommend", "--model", "mlp", "--dataset", "mnist", "--workers", "2", "--batch-size", "64",

@@ -365,18 +365,17 @@ def to_argv(values: dict, always: tuple[str, ...] = ALWAYS_IN_ARGV) -> list[str]
             continue
         value = values[name]
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        if True:
-            if name == "model_options":
-                argv += model_option_argv(value)
-                continue
-            if value == default and name not in always:
-                continue
-            if opt.negate:
-                argv += [] if value else [opt.negate]
-            elif isinstance(value, bool):
-                argv += [flag_of(name)] if value else []
-            elif isinstance(value, list):
-                argv += [flag_of(name), ",".join(map(str, value))]
-            elif value is not None:
-                argv += [flag_of(name), f"{value!r}" if isinstance(value, float) else str(value)]
+        if name == "model_options":
+            argv += model_option_argv(value)
+            continue
+        if value == default and name not in always:
+            continue
+        if opt.negate:
+            argv += [] if value else [opt.negate]
+        elif isinstance(value, bool):
+            argv += [flag_of(name)] if value else []
+        elif isinstance(value, list):
+            argv += [flag_of(name), ",".join(map(str, value))]
+        elif value is not None:
+            argv += [flag_of(name), f"{value!r}" if isinstance(value, float) else str(value)]
     return argv

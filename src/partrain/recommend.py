@@ -18,6 +18,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from partrain.config import RunConfig
 from partrain.errors import PartrainError
 from partrain.predict.comm import with_link_bytes_scaled
 from partrain.predict.plan import (
@@ -82,6 +83,8 @@ class Recommendation:
     profile_reused: bool = True
     data_dir: str | None = None
     what_if: list[str] = field(default_factory=list)
+    synthetic: bool = False  # the data and options the model was profiled with, which its command keeps
+    model_options: dict = field(default_factory=dict)
 
     @property
     def winner(self) -> Prediction:
@@ -99,9 +102,15 @@ class Recommendation:
                 best.append(p)
         return best
 
+    def config(self, **extra) -> RunConfig:
+        """The winner as the run that trains it: the model as profiled (its options, generated
+        data or not), on the winner's plan."""
+        return self.winner.plan.to_config(self.model, self.dataset, data_dir=self.data_dir, synthetic=self.synthetic,
+                                          model_options=self.model_options, **extra)
+
     def train_args(self) -> list[str]:
         """The winner's ``partrain train`` arguments (``config.to_argv``, as ``bench`` runs cells)."""
-        return self.winner.plan.to_config(self.model, self.dataset, data_dir=self.data_dir).to_argv()
+        return self.config().to_argv()
 
     def local_command(self) -> str:
         return shlex.join(["partrain", "train", *self.train_args()])
@@ -241,7 +250,8 @@ def recommend(profile_for: Callable[[int], ModelProfile], hardware: HardwareProf
         raise PartrainError(f"no plan for {profile.model} on {profile.dataset} fits the memory limit{hint}: "
                             "allow more memory (--memory-limit), more workers, or a smaller --batch-size")
     ranked = _rank(fits, objective)
-    rec = Recommendation(profile.model, profile.dataset, hardware, objective, ranked, rejected, memory_limit)
+    rec = Recommendation(profile.model, profile.dataset, hardware, objective, ranked, rejected, memory_limit,
+                         synthetic=profile.synthetic, model_options=dict(profile.options))
     on = lambda hw: [predict_plan(profiles[p.plan.workers], hw, p.plan) for p in fits]  # noqa: E731
     rec.what_if = _what_if(rec, on, too_big, objective)
     return rec

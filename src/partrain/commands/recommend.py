@@ -121,9 +121,7 @@ def _run_recommended(rec, args: argparse.Namespace) -> dict:
     """Train the winner for ``--steps`` steps; its measured step time beside the prediction."""
     from partrain.runner import run_training
 
-    cfg = rec.winner.plan.to_config(args.model, args.dataset, data_dir=args.data_dir, synthetic=args.synthetic,
-                                    model_options=model_options(args),
-                                    steps=args.steps, eval_limit=1000)
+    cfg = rec.config(steps=args.steps, eval_limit=1000)
     result = run_training(cfg, show_progress=not args.json)
     if result is None:
         return {}
