@@ -106,3 +106,11 @@ GPT = dict(model="gpt", dataset="tokens@16", model_options=dict(layers=2, d_mode
 def test_gpt_equals_serial(tmp_path, serial_gpt, name, overrides):
     # token ids in, [n, T, vocab] logits out, per-token cross-entropy; generated tokens, no files
     _assert_same(_run(tmp_path, None, name, **GPT, **overrides), serial_gpt)
+
+
+def test_a_module_that_draws_random_numbers_as_it_is_imported_still_equals_serial(tmp_path, data_dir):
+    """Serial imports the module in the launcher's check, ddp's workers first in the loop: the
+    draw must come before the seed in both, or the two start from different weights."""
+    model = "tests.import_draws:build"
+    serial = _run(tmp_path, data_dir, "serial", model=model)
+    _assert_same(_run(tmp_path, data_dir, "ddp", model=model, strategy="ddp", workers=2), serial)

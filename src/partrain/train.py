@@ -47,7 +47,7 @@ from partrain.distributed.launch import (
 )
 from partrain.errors import PartrainError
 from partrain.events import EventLog
-from partrain.models import build_model, count_parameters, model_blocks
+from partrain.models import build_model, count_parameters, load_factory, model_blocks
 from partrain.progress import StepProgress
 from partrain.strategies import PARALLELIZE, Stepper
 from partrain.strategies.base import (
@@ -153,6 +153,7 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
     total_steps = min(cfg.epochs * steps_per_epoch, cfg.steps or math.inf)
 
     # --- model: the same seed on every worker gives the same initial weights everywhere
+    load_factory(cfg.model)  # a user's module imported before the seed: what its import draws shifts no weights
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, train_set.spec.input_shape, train_set.spec.num_classes, **cfg.model_options)
     if cfg.channels_last:  # 4-D weights in NHWC, as the batches will be (a no-op for other models)

@@ -8,7 +8,8 @@ from partrain.models.registry import (
     build_model,
     count_parameters,
     list_models,
+    load_factory,
     model_blocks,
 )
 
-__all__ = ["build_model", "count_parameters", "list_models", "model_blocks"]
+__all__ = ["build_model", "count_parameters", "list_models", "load_factory", "model_blocks"]

@@ -77,11 +77,6 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
         raise PartrainError(f"num_classes must be a positive integer, got {num_classes!r}")
     if name in _ZOO:
         return _call(name, _ZOO[name], input_shape, num_classes, options)
-    if ":" not in name:
-        raise PartrainError(
-            f"unknown model {name!r}: choose one of {', '.join(_ZOO)}, "
-            "or give your own factory as 'package.module:function'"
-        )
     return _build_user_model(name, input_shape, num_classes, options)
 
 
@@ -118,9 +113,21 @@ def _guarded(name: str, factory: Callable, **kwargs):
                             "(--debug shows its traceback)") from err
 
 
-def _build_user_model(
-    spec: str, input_shape: tuple[int, ...], num_classes: int, options: dict
-) -> nn.Module:
+def load_factory(spec: str) -> Callable:
+    """The zoo's builder of ``spec``, or the user factory ``package.module:function`` with its
+    module imported (once per process).
+
+    The training loop calls this before it seeds torch's generator, so that random numbers a
+    module draws as it is imported (a constant projection, a test tensor) come before the seed
+    in every process alike and never shift the initial weights (issue 17's audit: serial, whose
+    launcher had imported the module to check it, and ddp started from different weights)."""
+    if spec in _ZOO:
+        return _ZOO[spec]
+    if ":" not in spec:
+        raise PartrainError(
+            f"unknown model {spec!r}: choose one of {', '.join(_ZOO)}, "
+            "or give your own factory as 'package.module:function'"
+        )
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise PartrainError(f"model {spec!r}: write a user factory as 'package.module:function'")
@@ -143,7 +150,13 @@ def _build_user_model(
         raise PartrainError(
             f"model {spec!r}: {attr!r} is not callable; point at a function that builds the model"
         )
+    return factory
 
+
+def _build_user_model(
+    spec: str, input_shape: tuple[int, ...], num_classes: int, options: dict
+) -> nn.Module:
+    factory = load_factory(spec)
     result = _call(spec, factory, input_shape, num_classes, options)
     model, blocks = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
     if not isinstance(model, nn.Module):
