@@ -10,7 +10,7 @@ every strategy on two workers, so each must step in milliseconds. Image factorie
 - ``dropout``:    an MLP with dropout (masks drawn per worker)
 - ``tuple_out``:  token ids in; blocks pass ``(activations, ids)`` tuples, ints crossing stages
 - ``tied``:       embedding and head share one weight, the two ends of the pipeline
-- ``traced``:     a plain ``nn.Module`` (no blocks given), split by pipelining's tracer
+- ``traced``:     a plain ``nn.Module`` (no blocks given), split by pipelining's tracer, views crossing its cuts
 - ``dict_out``:   a block returning a dict with a string in it: refused before any worker starts
 - ``untraceable``: a plain module with data-dependent control flow: refused with the fix
 """
@@ -152,21 +152,34 @@ def tied(input_shape, num_classes):
     return nn.Sequential(embed, Mix(WIDTH), Mix(WIDTH), TiedHead(embed))
 
 
+class ChannelsFirst(nn.Module):
+    """A token block on [B, W, T]: it reads a transposed view and returns one."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.block = PreNormBlock(width)
+
+    def forward(self, x):
+        return self.block(x.transpose(1, 2)).transpose(1, 2)
+
+
 class Traced(nn.Module):
-    """Not an nn.Sequential and no blocks given: residual glue lives in ``forward``."""
+    """Not an nn.Sequential and no blocks given: residual glue lives in ``forward``, and what
+    goes into each layer is a transposed view ([B, W, T] over a [B, T, W] tensor), so every cut
+    the tracer makes between layers sends, and receives into, a non-contiguous tensor."""
 
     def __init__(self, num_classes: int):
         super().__init__()
         self.stem = RowsToTokens(WIDTH)
-        self.layers = nn.ModuleList(PreNormBlock(WIDTH) for _ in range(3))
+        self.layers = nn.ModuleList(ChannelsFirst(WIDTH) for _ in range(3))
         self.norm = nn.LayerNorm(WIDTH)
         self.head = nn.Linear(WIDTH, num_classes)
 
     def forward(self, x):
-        h = self.stem(x)
+        h = self.stem(x).transpose(1, 2)
         for layer in self.layers:
             h = layer(h) * 0.5 + h * 0.5
-        return self.head(self.norm(h).mean(1))
+        return self.head(self.norm(h.transpose(1, 2)).mean(1))
 
 
 def traced(input_shape, num_classes):

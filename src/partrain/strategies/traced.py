@@ -135,10 +135,16 @@ def trace(model: nn.Module, part: Partition, names: list[str], mb_sample):
     return pipe
 
 
-def contiguous_outputs(gm: torch.fx.GraphModule) -> None:
+def contiguous_boundaries(gm: torch.fx.GraphModule) -> None:
     """Make every tensor a stage graph returns contiguous (gloo and NCCL send only contiguous buffers),
     in the dtype the trace recorded: under autocast (``--precision``) a traced stage sends float32,
-    since the receivers' buffers were sized from the float32 trace. A no-op cast in fp32."""
+    since the receivers' buffers were sized from the float32 trace. A no-op cast in fp32. And the
+    trace's record of every tensor the stage receives says contiguous: ``_PipelineStage`` allocates
+    its receive buffers with the traced strides, and a submodule that returned a transpose left
+    a view's strides there, which gloo refused to receive into."""
+    for node in gm.graph.nodes:
+        if node.op == "placeholder" and isinstance(node.meta.get("val"), torch.Tensor):
+            node.meta["val"] = _contiguous_like(node.meta["val"])
     out = next(n for n in gm.graph.nodes if n.op == "output")
 
     def fix(node):
@@ -147,11 +153,16 @@ def contiguous_outputs(gm: torch.fx.GraphModule) -> None:
         with gm.graph.inserting_before(out):
             cast = gm.graph.call_method("to", (node, node.meta["val"].dtype))
             made = gm.graph.call_method("contiguous", (cast,))
-        made.meta = dict(node.meta)
+        made.meta = {**node.meta, "val": _contiguous_like(node.meta["val"])}
         return made
 
     out.args = (torch.fx.map_arg(out.args[0], fix),)
     gm.recompile()
+
+
+def _contiguous_like(t: torch.Tensor) -> torch.Tensor:
+    """A storage-free tensor of ``t``'s shape and dtype, with contiguous strides: all the stage reads of it."""
+    return torch.empty(t.shape, dtype=t.dtype, device="meta")
 
 
 class GraphStage(SpanStage, _PipelineStage):
@@ -174,7 +185,7 @@ def parallelize_traced(model: nn.Module, cfg, ctx, mb_sample) -> PipelineStepper
     tied = tied_groups([[g] for g in graphs], ctx.dims.pp, 1, ctx.pp_rank, 0) if ctx.dims.pp > 1 else []
     stages = []
     for s in [ctx.pp_rank + k * ctx.dims.pp for k in range(cfg.stages_per_worker)]:
-        contiguous_outputs(graphs[s])
+        contiguous_boundaries(graphs[s])
         stages.append(GraphStage(graphs[s], s, pipe.info(), ctx.device, ctx.group("pp")))
         stages[-1].events, stages[-1].autocast = ctx.events, lambda: autocast_for(cfg, ctx.device)
     stepper = build_stepper(stages, [st.submod for st in stages], cfg, ctx)
