@@ -111,7 +111,7 @@ def _worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool, on_epoch: Epo
     """``train_worker``, with a step that does not fit in memory said in one line."""
     try:
         return train_worker(cfg, info, show_progress, on_epoch)
-    except (torch.OutOfMemoryError, RuntimeError) as err:
+    except RuntimeError as err:  # CUDA's OutOfMemoryError is one too
         oom = out_of_memory(err, cfg)
         if oom is None:
             raise
