@@ -73,6 +73,11 @@ CASES = [
     ("step-out-of-memory", [*TRAIN, "--model", "tests.userfactory:out_of_memory"], {}, ["out of memory", "56.1 GiB", "--batch-size"]),
     ("step-out-of-memory-on-a-worker", [*TRAIN, "--model", "tests.userfactory:out_of_memory", "--strategy", "ddp", "--workers", "2"], {},
      ["out of memory", "(ddp, 2 workers)", "--batch-size"]),
+    # the user's model raising as it trains: one line naming the model, the error, and where
+    ("model-raises-in-its-forward", [*TRAIN, "--model", "tests.userfactory:raises_in_forward"], {},
+     ["tests.userfactory:raises_in_forward", "raised ValueError", "userfactory.py:", "in forward", "at most 4 samples", "--debug"]),
+    ("model-batchnorm-on-one-sample", [*TRAIN, "--model", "tests.userfactory:batchnorm", "--batch-size", "1"], {},
+     ["raised ValueError", "in its BatchNorm1d", "more than 1 value per channel"]),
     ("data-dir-5000-chars", ["train", "--data-dir", "x" * 5000, "--steps", "1"], {}, ["data"]),
     ("factory-raises", [*TRAIN, "--model", "tests.userfactory:raises"], {}, ["raised ValueError", "width must be even"]),
     ("factory-exits", [*TRAIN, "--model", "tests.userfactory:exits"], {}, ["sys.exit(3)"]),

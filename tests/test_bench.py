@@ -135,7 +135,9 @@ def test_a_failing_cell_is_stored_and_the_suite_goes_on(tmp_path, data_dir, in_r
         run_suite(suite, store, data_dir=str(data_dir), show_progress=False)
         failed, fine = store.rows()
     assert failed["status"] == "failed"
-    assert failed["reason"] == "RuntimeError: bench_models: this model fails on purpose"
+    # the run's one line: the model's own error, where it raised (its traceback is the user's to ask for)
+    assert failed["reason"].startswith("partrain: error: model 'tests.bench_models:raises_in_forward' raised RuntimeError "
+                                       "while training (bench_models.py:16, in forward): bench_models: this model fails on purpose")
     assert failed["step_seconds_median"] is None and failed["wall_seconds"] > 0
     assert fine["status"] == "ok" and fine["model"] == "mlp"
 

@@ -41,6 +41,24 @@ def test_a_worker_error_is_one_line_and_exit_status_2(data_dir, tmp_path):
     assert line == "partrain: error: batch size 128 exceeds the 100 training samples: use a smaller --batch-size"
 
 
+def test_a_users_model_that_raises_in_a_pipeline_is_one_line_and_debug_shows_its_traceback(data_dir):
+    # a micro-batch of one sample reaches BatchNorm1d on the first stage; the other stage, cut off
+    # as it waits, fails too, and its "Connection closed by peer" would bury the line that matters
+    train = ["train", "--model", "tests.userfactory:batchnorm", "--strategy", "gpipe", "--workers", "2",
+             "--batch-size", "2", "--microbatches", "2", "--limit", "64", "--data-dir", str(data_dir), "--steps", "2"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "partrain", *train], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("partrain: error: model 'tests.userfactory:batchnorm' raised ValueError while training "
+                           "(in its BatchNorm1d): Expected more than 1 value per channel"), line
+    proc = subprocess.run([sys.executable, "-m", "partrain", "--debug", *train], capture_output=True, text=True, cwd=REPO,
+                          env=env, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" in proc.stderr and "batchnorm.py" in proc.stderr  # the worker's, behind the line
+    assert proc.stderr.strip().splitlines()[-1] == line
+
+
 def _torchrun_nodes(data_dir, nproc: int, train_args: list[str]) -> list[subprocess.CompletedProcess]:
     """Two torchrun launchers, node ranks 0 and 1, meeting at a rendezvous on 127.0.0.1."""
     port = free_port()

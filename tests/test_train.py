@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from partrain.config import RunConfig
 from partrain.errors import PartrainError
@@ -114,3 +115,32 @@ def test_a_token_models_memory_does_not_grow_with_the_steps():
     the loop kept the step's own loss tensor."""
     short, long = _peak_mib(4), _peak_mib(100)
     assert long - short < 80, f"peak RSS grew from {short} MiB (4 steps) to {long} MiB (100 steps)"
+
+
+def test_an_error_inside_a_users_model_is_theirs_and_partrains_own_is_not():
+    from partrain.models import build_model
+    from partrain.models.registry import raised_by_model
+
+    user = "tests.faulty:raises"
+    model = build_model("tests.faulty:raises", (1, 28, 28), 10)
+    try:
+        model(torch.zeros(2, 1, 28, 28))
+    except RuntimeError as err:
+        line = str(raised_by_model(err, user, "training"))
+    assert "'tests.faulty:raises' raised RuntimeError while training" in line and "faulty.py:" in line and "this model always fails" in line
+    try:  # as the pipelining runtime wraps what a stage raised: "[Stage 1] failed to run forward", from it
+        try:
+            model(torch.zeros(2, 1, 28, 28))
+        except RuntimeError as err:
+            raise RuntimeError("\n   [Stage 1] failed to run forward:\n   args: ...") from err
+    except RuntimeError as wrapped:
+        assert str(raised_by_model(wrapped, user, "training")) == line  # told by its cause
+    # the zoo's models are partrain's code: their errors keep the traceback
+    assert raised_by_model(RuntimeError("x"), "mlp", "training") is None
+    try:  # an error that never entered the user's code (partrain's, here) keeps its traceback too
+        RunConfig(model="tests.faulty:raises", strategy="warp")
+    except PartrainError as err:
+        err.__traceback__ = err.__traceback__.tb_next  # from partrain's frame in: this test is in the user's package
+        assert raised_by_model(err, user, "training") is None
+    else:
+        raise AssertionError("an unknown strategy was accepted")

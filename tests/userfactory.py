@@ -21,6 +21,11 @@ def build(input_shape, num_classes, width=16):
     return model, [model.body, model.head]
 
 
+def plain(input_shape, num_classes, width=16):
+    """The same module without its blocks: a plain module, which pipelines cut with the tracer."""
+    return TwoPart(int(torch.tensor(input_shape).prod()), num_classes, width)
+
+
 def no_arguments():
     return nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
 
@@ -73,3 +78,27 @@ class AllocatorFails(nn.Module):
 
 def out_of_memory(input_shape, num_classes):
     return AllocatorFails(int(torch.tensor(input_shape).prod()), num_classes)
+
+
+class RefusesLargeBatches(nn.Module):
+    """Raises in its own forward once training sends more than the launcher's two-sample
+    check, as a user's model with a bug in a branch the check does not take."""
+
+    def __init__(self, in_features: int, num_classes: int):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 4:
+            raise ValueError(f"this model takes at most 4 samples, got {x.shape[0]}")
+        return self.body(x)
+
+
+def raises_in_forward(input_shape, num_classes):
+    return RefusesLargeBatches(int(torch.tensor(input_shape).prod()), num_classes)
+
+
+def batchnorm(input_shape, num_classes):
+    """BatchNorm1d trains on no batch of one sample (a last batch of one, or --batch-size 1)."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(int(torch.tensor(input_shape).prod()), 16), nn.BatchNorm1d(16),
+                         nn.ReLU(), nn.Linear(16, num_classes))

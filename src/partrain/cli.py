@@ -27,7 +27,7 @@ from partrain.commands.profile import add_profile_parser
 from partrain.commands.recommend import add_recommend_parser
 from partrain.commands.validate import add_validate_parser
 from partrain.config import RunConfig, add_options, check_numbers
-from partrain.errors import PartrainError
+from partrain.errors import DEBUG_ENV, PartrainError
 from partrain.report import commands as report_commands
 from partrain.scratch.cli import add_engine_option
 from partrain.serve.command import add_parser as add_serve_parser
@@ -168,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
+    set_debug = args.debug and DEBUG_ENV not in os.environ
+    if set_debug:
+        os.environ[DEBUG_ENV] = "1"  # for the workers this process starts
     try:
         check_numbers(vars(args))  # every bad number refused here, in one line, before any work
         return args.func(args)
@@ -182,3 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `partrain results | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
+    finally:
+        if set_debug:  # main() called in-process (tests, a notebook) leaves the environment as it was
+            del os.environ[DEBUG_ENV]

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import tempfile
-import traceback
 from pathlib import Path
 
 import torch
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from partrain import checkpoint
 from partrain.config import RunConfig
@@ -28,6 +25,7 @@ from partrain.distributed.spawn import MAX_PER_CORE, check_local_workers, spawn
 from partrain.errors import PartrainError
 from partrain.models import build_model
 from partrain.models.check import checked_model
+from partrain.models.registry import raised_by_model
 from partrain.strategies.pipeline import check_pipeline
 from partrain.strategies.precision import check_precision
 from partrain.train import EpochHook, RunResult, train_worker
@@ -108,14 +106,15 @@ def _can_write_in(folder: Path) -> bool:
 
 
 def _worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool, on_epoch: EpochHook | None) -> RunResult | None:
-    """``train_worker``, with a step that does not fit in memory said in one line."""
+    """``train_worker``, with a step that does not fit in memory, or a user's model that raises,
+    said in one line (the traceback with ``--debug``); partrain's own errors keep theirs."""
     try:
         return train_worker(cfg, info, show_progress, on_epoch)
-    except RuntimeError as err:  # CUDA's OutOfMemoryError is one too
-        oom = out_of_memory(err, cfg)
-        if oom is None:
+    except Exception as err:  # noqa: BLE001 - translated below, or raised again as it is
+        line = out_of_memory(err, cfg) or raised_by_model(err, cfg.model, "training")
+        if line is None:
             raise
-        raise oom from err
+        raise line from err
 
 
 def out_of_memory(err: BaseException, cfg: RunConfig) -> PartrainError | None:
@@ -135,16 +134,10 @@ def out_of_memory(err: BaseException, cfg: RunConfig) -> PartrainError | None:
                          "`partrain recommend` predicts what fits")
 
 
-@record
 def worker_main(cfg: RunConfig, show_progress: bool, on_epoch: EpochHook | None = None) -> RunResult | None:
-    """Entry point of a spawned worker: its environment says which rank it is."""
-    try:
-        return _worker(cfg, detect_launcher(), show_progress, on_epoch)
-    except PartrainError:
-        raise  # @record hands its message to the launcher, which raises it as one line
-    except Exception:
-        print(f"partrain: worker rank {os.environ.get('RANK', '?')} crashed:\n{traceback.format_exc()}", file=sys.stderr)
-        raise
+    """Entry point of a spawned worker: its environment says which rank it is (``spawn`` reports
+    its error, or prints its crash)."""
+    return _worker(cfg, detect_launcher(), show_progress, on_epoch)
 
 
 def run_training(cfg: RunConfig, show_progress: bool = True, on_epoch: EpochHook | None = None) -> RunResult | None:

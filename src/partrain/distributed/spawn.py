@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from partrain.errors import PartrainError
+from partrain.errors import DEBUG_ENV, PartrainError
 
 RENDEZVOUS_ENV = "PARTRAIN_RENDEZVOUS_FILE"  # a worker started here reads its FileStore path from it
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -119,17 +119,38 @@ def _worker(index: int, entrypoint: Callable, args: tuple, nprocs: int, run_dir:
     try:
         result = entrypoint(*args)
     except PartrainError as err:  # bad input found by a worker: one line, exit status 2
-        (out / f"error{index}.json").write_text(json.dumps({"user": True, "message": str(err)}))
-        sys.exit(2)
+        if os.environ.get(DEBUG_ENV) and err.__cause__ is not None:  # `partrain --debug`: what lies behind it
+            traceback.print_exception(err.__cause__, file=sys.stderr)
+        _report(out, index, user=True, message=str(err))
+        sys.exit(PartrainError.exit_status)
     except BaseException as err:  # a crash keeps its traceback, on this worker's stderr
-        print(f"partrain: worker rank {index} crashed:\n{traceback.format_exc()}", file=sys.stderr)
+        if not _user_error_from_a_peer(out):  # not when a peer found bad input and quit, cutting this one off
+            print(f"partrain: worker rank {index} crashed:\n{traceback.format_exc()}", file=sys.stderr)
         last = (traceback.format_exception_only(type(err), err) or [type(err).__name__])[-1].strip()
-        (out / f"error{index}.json").write_text(json.dumps({"user": False, "message": last}))
+        _report(out, index, user=False, message=last)
         sys.exit(1)
     tmp = out / f"result{index}.tmp"
     with open(tmp, "wb") as f:
         pickle.dump(result, f)  # read back only by our launcher, from a directory only we can enter
     tmp.rename(out / f"result{index}.pkl")
+
+
+def _report(run_dir: Path, rank: int, user: bool, message: str) -> None:
+    """Leave this worker's error for the launcher and its peers, whole or not at all."""
+    tmp = run_dir / f"error{rank}.tmp"
+    tmp.write_text(json.dumps({"user": user, "message": message}))
+    tmp.rename(run_dir / f"error{rank}.json")
+
+
+def _read_report(path: Path) -> dict:
+    """A worker's error as ``_report`` left it: {"user": bad input or not, "message": its line}."""
+    return json.loads(path.read_text())
+
+
+def _user_error_from_a_peer(run_dir: Path) -> bool:
+    """Whether a worker has reported bad input (a ``PartrainError``): its peers then fail only
+    because it left, and their tracebacks (``Connection closed by peer``) would bury its line."""
+    return any(_read_report(report)["user"] for report in run_dir.glob("error*.json"))
 
 
 def _state(pid: int) -> str:
@@ -176,7 +197,8 @@ def spawn(entrypoint: Callable, args: tuple, nprocs: int, poll_s: float = 0.1) -
             failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
             # a rank killed by a signal is the cause, a peer that then lost its connection the casualty:
             # both may have exited by this poll, and the error names the cause
-            failed.sort(key=lambda rank: codes[rank] >= 0)
+            # next, a rank that reported bad input: a peer it left then failed on a closed connection
+            failed.sort(key=lambda rank: (codes[rank] >= 0, codes[rank] != PartrainError.exit_status))
             if failed:
                 stopped = [rank for rank, pid in enumerate(pids) if _state(pid) == "T"]
                 raise _failure(run_dir, failed[0], codes[failed[0]], stopped)
@@ -218,7 +240,7 @@ def _failure(run_dir: Path, rank: int, code: int, stopped: list[int]) -> Partrai
         )
     report = run_dir / f"error{rank}.json"
     if report.exists():
-        error = json.loads(report.read_text())
+        error = _read_report(report)
         if error["user"]:
             return PartrainError(error["message"])
         reason = error["message"][:300]

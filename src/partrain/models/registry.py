@@ -6,7 +6,10 @@ one after the other, compute the model, and between which a pipeline may cut sta
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch.nn as nn
 
@@ -111,6 +114,58 @@ def _guarded(name: str, factory: Callable, **kwargs):
     except Exception as err:  # noqa: BLE001 - anything the user's code raises
         raise PartrainError(f"model {name!r}: the factory raised {type(err).__name__}: {err} "
                             "(--debug shows its traceback)") from err
+
+
+# modules partrain calls that are not the user's layers: the loss, and the wrappers strategies add
+_NOT_THE_MODEL = (nn.modules.loss._Loss, nn.parallel.DistributedDataParallel)
+
+
+def _users_package(spec: str) -> tuple[str, ...]:
+    """Where the code of a user factory ``package.module:function`` lives: its top-level
+    package's folders, or the module's own file (a module outside any package)."""
+    top = sys.modules.get(spec.partition(":")[0].split(".")[0])
+    if top is None:
+        return ()
+    places = list(getattr(top, "__path__", [])) or [getattr(top, "__file__", None) or ""]
+    return tuple(str(Path(p).resolve()) + (os.sep if Path(p).is_dir() else "") for p in places if p)
+
+
+def raised_by_model(err: BaseException, spec: str, doing: str) -> PartrainError | None:
+    """The one line for an exception raised inside the user's model ``spec`` as it was ``doing``
+    (training, being profiled): BatchNorm on a batch of one, an assertion in its forward. It
+    names the model and where: the deepest of its layers, or of its package's lines, that the
+    error passed through. An error that a runtime wrapped (the pipelining stage's "failed to
+    run forward") is told by its cause. None for the zoo's models and for errors that never
+    entered the user's model, which keep their traceback (partrain's bugs among them)."""
+    if spec in _ZOO:
+        return None
+    places, found, seen = _users_package(spec), None, set()
+    while err is not None and id(err) not in seen:  # the error, then what it was raised from
+        seen.add(id(err))
+        if (where := _where_in_model(err, places)) is not None:
+            found = (err, where)  # the innermost one that passed through the model wins
+        err = err.__cause__
+    if found is None:
+        return None
+    err, where = found
+    reason = next((line for line in str(err).splitlines() if line.strip()), "")
+    return PartrainError(f"model {spec!r} raised {type(err).__name__} while {doing} ({where})"
+                         f"{': ' + reason.strip() if reason else ''} (--debug shows the traceback)")
+
+
+def _where_in_model(err: BaseException, places: tuple[str, ...]) -> str | None:
+    """The deepest frame of ``err``'s traceback in the user's package (file, line), or else in a
+    layer's forward (its class); None when it passed through neither."""
+    where, tb = None, err.__traceback__
+    while tb is not None:  # outermost frame first; the last match is nearest the error
+        code = tb.tb_frame.f_code
+        if places and code.co_filename[:1] != "<" and str(Path(code.co_filename).resolve()).startswith(places):
+            where = f"{Path(code.co_filename).name}:{tb.tb_lineno}, in {code.co_name}"
+        elif code.co_name == "_call_impl" and isinstance(layer := tb.tb_frame.f_locals.get("self"), nn.Module) \
+                and not isinstance(layer, _NOT_THE_MODEL):
+            where = f"in its {type(layer).__name__}"
+        tb = tb.tb_next
+    return where
 
 
 def load_factory(spec: str) -> Callable:
