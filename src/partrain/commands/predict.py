@@ -16,6 +16,8 @@ from partrain.commands.args import (
     str_list,
 )
 from partrain.commands.profile import announce_profile
+from partrain.errors import PartrainError
+from partrain.spec import strategy_spec
 
 
 def add_predict_parser(sub) -> None:
@@ -61,6 +63,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from partrain.report.tables import predictions_table
 
     run = RunOptions.from_args(args)
+    for name in args.strategies or []:
+        strategy_spec(name)  # an unknown name refused before anything is measured
     if args.cluster:
         hw = load_cluster(args.cluster)
     else:
@@ -78,6 +82,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
                               with_invalid=True, hardware=hw)
     wanted = [(plan, why) for plan, why in checked if not args.strategies or plan.strategy in args.strategies]
     predictions = [predict_plan(profile, hw, plan) for plan, why in wanted if why is None]
+    if not predictions:  # an empty table says nothing: say why
+        reasons = sorted({why for _, why in wanted if why}) or [
+            "serial runs on 1 worker; data-parallel strategies and pipelines on 2 or more; hybrid on pp x dp, "
+            "both at least 2"]
+        raise PartrainError(f"no plan of {', '.join(args.strategies or ['any strategy'])} can run {args.model} on "
+                            f"{args.workers} worker(s) at batch {args.batch_size}: {'; '.join(reasons)}")
     limit = hw.memory_limit_per_worker(local_workers(args.workers, hw))
     prov = provenance(profile, hw, args.cluster)
     if args.json:

@@ -77,6 +77,16 @@ def pipeline_refusal(cfg, n_blocks: int) -> str | None:
     return None
 
 
+def untraced_refusal(model: str, n_blocks: int, n_stages: int) -> str | None:
+    """Why a pipeline of a plain module (one block to the profiler) is not predicted: the run
+    cuts it with the tracer, which the profile does not run. None when there are blocks to cut."""
+    if n_blocks == 1 < n_stages:
+        return (f"{model} is one block to the profiler (a module with no blocks): its pipeline stages are cut at run "
+                "time by the tracer and not predicted; return (module, blocks) from the factory to predict them, "
+                "or predict a data-parallel strategy")
+    return None
+
+
 def bounds_from_split_points(points: list[int], n_blocks: int, n_stages: int) -> list[tuple[int, int]]:
     if len(points) != n_stages - 1:
         raise PartrainError(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from partrain.errors import PartrainError
 from partrain.predict import compute
 from partrain.predict.comm import collective_time, stage_transfer_time, wire_time
-from partrain.predict.cut import balanced_bounds, bounds_from_split_points
+from partrain.predict.cut import balanced_bounds, bounds_from_split_points, untraced_refusal
 from partrain.predict.memory import (
     MemoryBreakdown,
     activation_bytes,
@@ -36,10 +36,8 @@ def stage_bounds(profile: ModelProfile, plan: Plan) -> list[tuple[int, int]]:
     """The stage cut the run will use: explicit split points, else the same min-max partition
     over measured block times at the micro-batch size as ``strategies.partition``."""
     n_stages = plan.pp * plan.stages_per_worker
-    if len(profile.blocks) == 1 < n_stages:  # a plain module: the run cuts it with the tracer, the profile cannot
-        raise PartrainError(f"{profile.model} is one block to the profiler (a module with no blocks): its pipeline "
-                            "stages are cut at run time by the tracer and not predicted; return (module, blocks) "
-                            "from the factory to predict them, or predict a data-parallel strategy")
+    if reason := untraced_refusal(profile.model, len(profile.blocks), n_stages):
+        raise PartrainError(reason)
     if plan.split_points:
         return bounds_from_split_points(list(plan.split_points), len(profile.blocks), n_stages)
     fwd, bwd = compute.block_times(profile, _microbatch(plan))

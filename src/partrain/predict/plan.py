@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from partrain.config import RunConfig, to_argv
 from partrain.errors import PartrainError
-from partrain.predict.cut import pipeline_refusal
+from partrain.predict.cut import pipeline_refusal, untraced_refusal
 from partrain.predict.profiles import HardwareProfile, ModelProfile
 from partrain.spec import OPTIONS, SPECS, StrategySpec, threads_per_worker
 
@@ -135,6 +135,8 @@ def check_plan(profile: ModelProfile, plan: Plan, hardware: HardwareProfile | No
         cfg = plan.to_config(profile.model, profile.dataset)
     except PartrainError as err:
         return str(err)
+    if reason := untraced_refusal(profile.model, len(profile.blocks), cfg.dims.pp * cfg.stages_per_worker):
+        return reason
     if reason := pipeline_refusal(cfg, len(profile.blocks)):
         return reason
     if plan.batch_size > profile.train_samples:

@@ -186,10 +186,17 @@ def load_or_profile(model: str, dataset: str, batch_sizes: list[int], threads: i
             print(f"partrain: {_problem(err)}: measuring it again", file=sys.stderr)
     from partrain.profile.model import profile_model
 
-    profile, quiet = _measure_quietly(
-        lambda: profile_model(model, dataset, batch_sizes, threads, data_dir, synthetic, options, device=run.device_kind,
-                              precision=run.precision, channels_last=run.channels_last, compile=run.compile),
-        f"{model} was profiled")
+    try:
+        profile, quiet = _measure_quietly(
+            lambda: profile_model(model, dataset, batch_sizes, threads, data_dir, synthetic, options, device=run.device_kind,
+                                  precision=run.precision, channels_last=run.channels_last, compile=run.compile),
+            f"{model} was profiled")
+    except Exception as err:  # noqa: BLE001 - a user's model that raises is one line; anything else raised as it is
+        from partrain.models.registry import raised_by_model
+
+        if (line := raised_by_model(err, model, "being profiled")) is None:
+            raise
+        raise line from err
     if quiet:
         profile.save(path)
     return profile, path, False
