@@ -64,15 +64,15 @@ def across(nodes: EmulatedNodes, args: list[str], env: dict, port: int) -> str:
 
 def profile_link(nodes: EmulatedNodes, env: dict, port: int, profiles: Path) -> tuple[Path, float]:
     """``profile --hardware`` across ``nodes``, kept as ``cluster-<rate>.json`` with the cores the
-    emulated nodes share (``bench.nodes.shares_cores``); (its path, the send/recv rate it measured
-    in Mbit/s for its largest message)."""
+    emulated nodes share (``bench.nodes.shares_cores``); (its path, the link rate it measured in
+    Mbit/s: ``HardwareProfile.link_rate``, as ``validate`` reads it)."""
     across(nodes, ["profile", "--hardware", "--max-mb", "16", "--threads", "1"], env, port)
     hw_file = next(profiles.glob(f"hardware-w{nodes.n}-n{nodes.n}-*.json"))
     hw = HardwareProfile.load(hw_file)
-    big = max(hw.points["inter"][str(nodes.n)]["sendrecv"], key=lambda p: p[0])  # [bytes, seconds]
+    rate = hw.link_rate("inter")
     saved = shares_cores(hw, nodes.n, os.cpu_count() or 1).save(profiles / f"cluster-{nodes.link.rate_mbit:g}.json")
     hw_file.unlink()
-    return saved, big[0] * 8 / big[1] / 1e6
+    return saved, rate * 8 / 1e6
 
 
 def train_seconds(train_args: list[str], workers: int, rate: float, env: dict, port: int) -> float:
@@ -168,7 +168,7 @@ def main() -> None:
             node_env = nodes.env(env)
             saved, measured_mbit = profile_link(nodes, node_env, 29400 + port, profiles)
             print(f"link {rate:g} Mbit/s: profile --hardware measured {measured_mbit:.0f} Mbit/s "
-                  f"({measured_mbit / rate - 1:+.0%}) for its largest send/recv", flush=True)
+                  f"({measured_mbit / rate - 1:+.0%}) with the link alone", flush=True)
             for label in args.plans.split(","):
                 train = ["train", *job, *PLANS[label], "--steps", str(args.steps), "--no-eval", "--json", "--quiet"]
                 result = json.loads(across(nodes, train, node_env, 29500 + port).strip().splitlines()[-1])

@@ -182,6 +182,9 @@ def test_the_link_rate_a_profile_measured_is_the_marginal_rate_of_its_largest_me
     assert [(p, s) for p, s, _ in rates] == [("2x1 nodes at 100 Mbit/s", 100.0), ("2x1 nodes at 1000 Mbit/s", 1000.0),
                                              ("2x1 nodes at 10000 Mbit/s", 10000.0)]
     assert rates[0][2] == pytest.approx(96.0) and math.isnan(rates[1][2]) and rates[2][2] is None
+    # timed with the link alone (the sweep's other ranks busy, as in a job, read the CPU's limit too): that rate wins
+    hw.points["link_alone"] = {"inter": [[2**22, 0.001 + 2**25 / 99e6], [2**24, 0.001 + 2**27 / 99e6]]}
+    assert link_rates(rows, lambda workers, nodes, link: {100.0: hw}.get(link))[0][2] == pytest.approx(99.0)
 
 
 def test_the_what_if_check_reads_the_recommenders_claims():

@@ -257,4 +257,7 @@ def test_hardware_profile_measures_every_collective(tmp_path):
         assert len(s["rounds_s"]) == 9 and s["step_s"] == statistics.median(s["rounds_s"]) > 0
     # two workers: no replicas' pipelines to run side by side
     assert hw.pipeline_side_by_side is None and "pipeline_side_by_side" not in hw.points
+    # the link alone: its two largest messages, and the rate between them
+    assert [n for n, _ in hw.points["link_alone"]["intra"]] == [2**18, 2**20]
+    assert all(t > 0 for _, t in hw.points["link_alone"]["intra"]) and hw.link_rate("intra") > 0
     assert HardwareProfile.load(hw.save(tmp_path / "hw.json")) == hw

@@ -8,7 +8,6 @@ Pure, like ``validate``: the hardware profiles come in through a callable.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import defaultdict
 
 from partrain.predict.profiles import ModelProfile
@@ -80,17 +79,13 @@ def _on(case: Case, where: str) -> Case:
 
 def link_rates(rows: list[dict], hardware_across) -> list[tuple[str, float, float | None]]:
     """(placement, shaped Mbit/s, Mbit/s that its profile measured) per emulated link in
-    ``rows``: the marginal rate of send/recv between its two largest messages (the latency
-    cancels out), None where the link was not profiled, NaN where its largest message took no
-    longer than the one before (messages that small pass in the shaper's burst)."""
+    ``rows`` (``HardwareProfile.link_rate``): None where the link was not profiled, NaN where
+    its largest message took no longer than the one before (messages that small pass in the
+    shaper's burst)."""
     out = []
     placed = {(r["nodes"], r["workers_per_node"], r["link_mbit"]) for r in rows if r.get("nodes")}
     for nodes, per_node, link in sorted(placed):
         hardware = hardware_across(nodes * per_node, nodes, link)
-        points = sorted((hardware.points.get("inter", {}).get(str(nodes), {}).get("sendrecv") or []) if hardware else [])
-        rate = None if hardware is None else math.nan
-        if len(points) >= 2 and points[-1][1] > points[-2][1]:
-            (b1, t1), (b2, t2) = points[-2], points[-1]
-            rate = (b2 - b1) * 8 / (t2 - t1) / 1e6
-        out.append((f"{nodes}x{per_node} nodes at {link:g} Mbit/s", link, rate))
+        rate = None if hardware is None else hardware.link_rate("inter")
+        out.append((f"{nodes}x{per_node} nodes at {link:g} Mbit/s", link, None if rate is None else rate * 8 / 1e6))
     return out

@@ -152,6 +152,22 @@ class HardwareProfile(JsonProfile):
             return PipelineRuntime(*self.pipeline_side_by_side, tuple(ranks), side_by_side=True)
         return PipelineRuntime(self.pipeline_step_s, self.pipeline_hop_s, (0, 1), side_by_side=False)
 
+    def link_rate(self, tier: str) -> float | None:
+        """The ``tier``'s link rate in bytes per second: the marginal rate of send/recv between
+        its two largest messages (the latency cancels out), timed with the link alone
+        (``measure_link_alone``; profiles from before it: the sweep's own send/recv). None where
+        it was not measured; NaN where the larger message took no longer (messages that small
+        pass in a token-bucket shaper's burst)."""
+        points = (self.points or {}).get("link_alone", {}).get(tier)
+        if points is None:
+            by_size = (self.points or {}).get(tier, {})
+            points = by_size.get(str(self.nodes), {}).get("sendrecv") if tier == "inter" else \
+                next(iter(by_size.values()), {}).get("sendrecv")
+        if not points or len(points) < 2:
+            return None
+        (b1, t1), (b2, t2) = sorted(points)[-2:]
+        return (b2 - b1) / (t2 - t1) if t2 > t1 else math.nan
+
     def memory_limit_per_worker(self, local_workers: int) -> int:
         return self.device_memory_bytes // max(1, local_workers) if self.shared_memory else self.device_memory_bytes
 

@@ -175,6 +175,19 @@ def _measure_collectives(group, group_ranks, pair, sizes, device, alone) -> tupl
     return results, notes
 
 
+def measure_link_alone(pair: tuple[int, int], sizes: list[int], device) -> list[tuple[int, float]]:
+    """One-way send/recv seconds between ``pair`` at the two largest ``sizes``, with every other
+    rank idle in the barriers: the link's own rate, which ``link_rate`` reads as the marginal
+    rate between the two (the latency cancels out).
+
+    The collective sweep keeps the ranks outside a group busy, as the job's other workers are
+    (``background_load``): right for predicting a step, but on emulated nodes with more workers
+    than cores it measured the network, not the link: 2 nodes x 2 workers on 2 cores read a
+    10 Gbit/s link at 7.0 Gbit/s (-30%) beside two busy ranks and at 9.6 Gbit/s (-4%) with them
+    idle (issue 18)."""
+    return [(n, _timed(_ping_pong(n, *pair, device), repeats_for(n), trials=1) / 2) for n in sorted(sizes)[-2:]]
+
+
 class _Flat(nn.Module):
     """One parameter of ``numel`` floats whose gradient backward produces at its very end."""
 

@@ -23,7 +23,7 @@ from partrain.predict.fits import CostFit, default_sizes, fit_cost, fit_excess
 from partrain.predict.machine import fingerprint as machine
 from partrain.predict.pipeline_sim import PipelineCosts, schedule_order, simulate
 from partrain.predict.profiles import HardwareProfile
-from partrain.profile.collectives import background_load, measure_collectives
+from partrain.profile.collectives import background_load, measure_collectives, measure_link_alone
 from partrain.profile.step_probes import (
     measure_compute_sharing,
     measure_pipeline_action,
@@ -79,7 +79,7 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
     backend = init_process_group(info, backend, timeout_s=600)
     joined = _rss_bytes() - before
     device = device_for(backend, info)
-    out: dict = {"tiers": {}, "notes": [], "process_group_rss_bytes": joined, "backend": backend,
+    out: dict = {"tiers": {}, "link_alone": {}, "notes": [], "process_group_rss_bytes": joined, "backend": backend,
                  "world_size": info.world_size, "local_world_size": info.local_world_size}
     say = (lambda text: phase("profile --hardware", text)) if info.rank == 0 else (lambda text: None)  # noqa: E731
     try:
@@ -109,6 +109,9 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
             points, notes = measure_collectives(mine[1], mine[0], pair, sizes, device, alone=own)
             out["tiers"].setdefault(tier, {})[k] = points
             out["notes"] += [n for n in notes if n not in out["notes"]]
+            if tier not in out["link_alone"]:  # the tier's first group is its pair's: the link alone, once
+                say(f"the {tier} link alone")
+                out["link_alone"][tier] = measure_link_alone(pair, sizes, device)
     finally:
         leave_process_group()
     return out if info.rank == 0 else None
@@ -233,5 +236,6 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         other_load=others,
         points=json.loads(json.dumps({**{tier: {str(k): v for k, v in by.items()} for tier, by in raw["tiers"].items()},
                                       "pipeline": raw["pipeline_probe"], "compute_sharing": raw["compute_sharing"],
+                                      "link_alone": raw["link_alone"],
                                       **({"pipeline_side_by_side": side} if side else {})})),
     )
