@@ -25,12 +25,11 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
 from partrain.config import RunConfig
 from partrain.data import load_dataset
-from partrain.distributed.launch import detect_launcher, init_process_group
+from partrain.distributed.launch import detect_launcher, init_process_group, leave_process_group
 from partrain.distributed.spawn import spawn
 from partrain.models import build_model
 from partrain.runner import run_training
@@ -42,7 +41,6 @@ def steady_median(seconds: list[float]) -> float:
     return statistics.median(seconds[WARMUP:])
 
 
-@record
 def plain_ddp_worker(model_name: str, batch: int, steps: int, data_dir: str) -> list[float]:
     """The textbook DDP loop, written by hand: what partrain's ddp must not be slower than."""
     torch.set_num_threads(1)
@@ -62,7 +60,10 @@ def plain_ddp_worker(model_name: str, batch: int, steps: int, data_dir: str) -> 
         F.cross_entropy(model(x), y).backward()
         opt.step()
         times.append(time.perf_counter() - start)
-    dist.destroy_process_group()
+    # DDP's reducer holds the group: freed after it, at return, gloo's destructor joins a thread that
+    # waits for the GIL this one holds, and the worker hangs. Free the model first
+    model = opt = None
+    leave_process_group()
     return times
 
 
