@@ -12,6 +12,7 @@ from partrain.distributed.launch import (
     detect_launcher,
     first_slurm_host,
     free_port,
+    peer_left,
 )
 from partrain.errors import PartrainError
 
@@ -81,3 +82,15 @@ def test_keep_freed_memory_keeps_pages_a_step_frees():
     assert kept == "True"
     assert returned < 16 * 2**20  # at most a few MB of 256 MB went back
     assert freed_bytes("default")[1] > 200 * 2**20  # the default returns nearly all of it
+
+
+def test_a_connection_a_peer_closed_is_told_apart_from_other_errors():
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:14559. This is ...")
+    assert peer_left(gloo) == "Connection closed by peer"
+    try:  # the pipelining stage raises its own error from the backend's
+        raise RuntimeError("[Stage 1] failed to run forward") from gloo
+    except RuntimeError as wrapped:
+        assert peer_left(wrapped) == "Connection closed by peer"
+    assert peer_left(RuntimeError("Read error [10.0.0.2]:5000: Connection reset by peer")) == "Connection reset by peer"
+    assert peer_left(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
+    assert peer_left(ValueError("Expected more than 1 value per channel")) is None

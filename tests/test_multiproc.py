@@ -59,6 +59,26 @@ def test_a_users_model_that_raises_in_a_pipeline_is_one_line_and_debug_shows_its
     assert proc.stderr.strip().splitlines()[-1] == line
 
 
+@pytest.mark.slow  # 15-25 s: torchrun starts its two workers
+def test_under_torchrun_a_worker_left_behind_prints_one_line_not_a_traceback(data_dir):
+    # the model raises on the first stage; the second, cut off in a collective, is a casualty
+    train = ["train", "--model", "tests.userfactory:batchnorm", "--strategy", "gpipe", "--batch-size", "2",
+             "--microbatches", "2", "--limit", "64", "--data-dir", str(data_dir), "--steps", "2", "--threads", "1"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+         "--master-port", str(free_port()), "-m", "partrain", *train],
+        capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+        timeout=180,
+    )
+    assert proc.returncode != 0
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("partrain: error:")]
+    assert lines[0].startswith("partrain: error: model 'tests.userfactory:batchnorm' raised ValueError"), proc.stderr[-3000:]
+    # the casualty says so, unless torchrun stopped it first; its backend error is not printed
+    assert lines[1:] in ([], ["partrain: error: worker rank 1 stopped: another worker left the job (Connection closed "
+                              "by peer); the first worker to fail says why (--debug shows this one's traceback)"])
+    assert "pair.cc" not in proc.stderr and "[rank1]: Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
 def _torchrun_nodes(data_dir, nproc: int, train_args: list[str]) -> list[subprocess.CompletedProcess]:
     """Two torchrun launchers, node ranks 0 and 1, meeting at a rendezvous on 127.0.0.1."""
     port = free_port()

@@ -144,3 +144,17 @@ def test_an_error_inside_a_users_model_is_theirs_and_partrains_own_is_not():
         assert raised_by_model(err, user, "training") is None
     else:
         raise AssertionError("an unknown strategy was accepted")
+
+
+def test_a_launched_worker_whose_peer_left_says_so_in_one_line():
+    from partrain.distributed.launch import LaunchInfo
+    from partrain.errors import PeerLeft
+    from partrain.runner import left_behind
+
+    gone = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:14559")
+    line = left_behind(gone, LaunchInfo("torchrun", rank=3, world_size=4, local_rank=1, local_world_size=2))
+    assert isinstance(line, PeerLeft) and line.exit_status == 1
+    assert str(line).startswith("worker rank 3 stopped: another worker left the job (Connection closed by peer)")
+    # partrain's own workers: spawn names the worker that failed first, and a peer's traceback stays its own
+    assert left_behind(gone, LaunchInfo("local", rank=1, world_size=2, local_rank=1, local_world_size=2)) is None
+    assert left_behind(RuntimeError("a bug"), LaunchInfo("torchrun", rank=0, world_size=2, local_rank=0, local_world_size=2)) is None

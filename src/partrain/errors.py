@@ -14,3 +14,11 @@ class PartrainError(Exception):
     """A problem the user can fix; ``str(err)`` names the problem and the fix."""
 
     exit_status = 2
+
+
+class PeerLeft(PartrainError):
+    """This worker stopped because another worker left the job (under torchrun, mpirun or
+    Slurm): the cause, and the line that names it, are that worker's. One line here, not the
+    backend's traceback, and exit status 1: it is no bad input of this worker's."""
+
+    exit_status = 1

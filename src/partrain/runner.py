@@ -20,9 +20,9 @@ import torch
 from partrain import checkpoint
 from partrain.config import RunConfig
 from partrain.data import dataset_spec, load_dataset
-from partrain.distributed.launch import LaunchInfo, detect_launcher
+from partrain.distributed.launch import LaunchInfo, detect_launcher, peer_left
 from partrain.distributed.spawn import MAX_PER_CORE, check_local_workers, spawn
-from partrain.errors import PartrainError
+from partrain.errors import PartrainError, PeerLeft
 from partrain.models import build_model
 from partrain.models.check import checked_model
 from partrain.models.registry import raised_by_model
@@ -111,10 +111,20 @@ def _worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool, on_epoch: Epo
     try:
         return train_worker(cfg, info, show_progress, on_epoch)
     except Exception as err:  # noqa: BLE001 - translated below, or raised again as it is
-        line = out_of_memory(err, cfg) or raised_by_model(err, cfg.model, "training")
+        line = out_of_memory(err, cfg) or raised_by_model(err, cfg.model, "training") or left_behind(err, info)
         if line is None:
             raise
         raise line from err
+
+
+def left_behind(err: BaseException, info: LaunchInfo) -> PeerLeft | None:
+    """The one line of a worker of a launched job (torchrun, mpirun, Slurm) whose peer left it:
+    every collective it was waiting in fails, and its traceback would bury the line of the worker
+    that left, which says why. partrain's own workers need none: ``spawn`` reports the cause."""
+    if info.launcher in ("local", "none") or (said := peer_left(err)) is None:
+        return None
+    return PeerLeft(f"worker rank {info.rank} stopped: another worker left the job ({said}); "
+                    "the first worker to fail says why (--debug shows this one's traceback)")
 
 
 def out_of_memory(err: BaseException, cfg: RunConfig) -> PartrainError | None:

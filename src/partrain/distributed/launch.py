@@ -210,6 +210,22 @@ def init_process_group(info: LaunchInfo, backend: str | None, timeout_s: float, 
     return backend
 
 
+# what gloo and NCCL say when the worker at the other end of a connection has gone
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited")
+
+
+def peer_left(err: BaseException) -> str | None:
+    """What the backend said if ``err``, or an error it was raised from (the pipelining stage's
+    "failed to run forward"), is a connection another worker closed by leaving; else None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if said := next((words for words in _PEER_GONE if words in str(err)), None):
+            return said
+        err = err.__cause__
+    return None
+
+
 _private_store: str | None = None  # the directory of a world of one's FileStore, while it lives
 
 
