@@ -94,3 +94,4 @@ def test_a_connection_a_peer_closed_is_told_apart_from_other_errors():
     assert peer_left(RuntimeError("Read error [10.0.0.2]:5000: Connection reset by peer")) == "Connection reset by peer"
     assert peer_left(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
     assert peer_left(ValueError("Expected more than 1 value per channel")) is None
+    assert peer_left(BrokenPipeError(32, "Broken pipe")) is None  # `partrain train | head`: stdout's reader left

@@ -220,7 +220,8 @@ def peer_left(err: BaseException) -> str | None:
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if said := next((words for words in _PEER_GONE if words in str(err)), None):
+        # the backends raise RuntimeError (a BrokenPipeError is stdout's reader gone: `| head`)
+        if isinstance(err, RuntimeError) and (said := next((w for w in _PEER_GONE if w in str(err)), None)):
             return said
         err = err.__cause__
     return None
