@@ -47,6 +47,12 @@ def test_the_example_file_is_the_builtin_quick_suite():
     assert load_suite(REPO / "suites" / "quick.toml") == builtin_suite("quick", fingerprint())
 
 
+@pytest.mark.parametrize("path", sorted((REPO / "suites").glob("*.toml")), ids=lambda p: p.name)
+def test_every_suite_in_the_repository_loads_and_has_cells(path):
+    suite = load_suite(path)
+    assert suite.name and suite.cells()
+
+
 def test_the_matrix_multiplies_microbatches_into_pipelines_only():
     suite = suite_from_dict({"models": ["mlp"], "strategies": ["serial", "ddp", "gpipe"], "workers": [1, 2],
                              "microbatches": [2, 4], "lrs": [0.01, 0.1], "repeats": 2}, "test")
