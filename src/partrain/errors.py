@@ -2,9 +2,10 @@
 
 A ``PartrainError`` is bad input or a configuration that cannot run: the CLI prints its
 message as one line (``partrain: error: ...``) and exits with status 2, with no
-traceback. Anything else that escapes is a bug in partrain and keeps its traceback.
-With ``partrain --debug`` the traceback behind a one-line error is printed too, by the
-launcher and by every worker it starts (they read ``DEBUG_ENV``).
+traceback (1 for ``PeerLeft``: a worker stopped by another's failure, not by bad input).
+Anything else that escapes is a bug in partrain and keeps its traceback. With
+``partrain --debug`` the traceback behind a one-line error is printed too, by the launcher
+and by every worker it starts (they read ``DEBUG_ENV``).
 """
 
 DEBUG_ENV = "PARTRAIN_DEBUG"
