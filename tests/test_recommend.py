@@ -24,7 +24,7 @@ nodes = 1
 workers_per_node = 4
 device_memory_gb = {memory_gb}
 shared_memory = false
-compute_speed = 1.0
+compute_speed = {speed}
 cores_per_node = 64
 backend = "nccl"
 
@@ -34,9 +34,9 @@ latency_us = {latency_us}
 """
 
 
-def cluster(tmp_path, name="fake", memory_gb=16, bandwidth=10.0, latency_us=5):
+def cluster(tmp_path, name="fake", memory_gb=16, bandwidth=10.0, latency_us=5, speed=1.0):
     path = tmp_path / f"{name}.toml"
-    path.write_text(CLUSTER.format(name=name, memory_gb=memory_gb, bandwidth=bandwidth, latency_us=latency_us))
+    path.write_text(CLUSTER.format(name=name, memory_gb=memory_gb, bandwidth=bandwidth, latency_us=latency_us, speed=speed))
     return path
 
 
@@ -69,10 +69,12 @@ def test_what_a_10x_slower_or_faster_link_changes_is_the_pick_on_that_link(tmp_p
     its answer is what recommend picks on that hardware. Latencies stay as they are."""
     from partrain.predict.comm import collective_time, with_link_bytes_scaled
 
-    # the profile is timed on this machine, so where the winner changes moves with it: the link
+    # the mlp is timed on this machine, and where the winner changes would move with its speed:
+    # the cluster computes a serial step in about 50 ms whatever this machine's speed, and the link
     # is the first, from slow to fast, whose what-if names a change
+    speed = sum(blk.fwd_s[-1] + blk.bwd_s[-1] for blk in mlp_profile.blocks) / 0.05
     for bandwidth in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0):
-        hw = load_cluster(cluster(tmp_path, bandwidth=bandwidth, latency_us=50))
+        hw = load_cluster(cluster(tmp_path, bandwidth=bandwidth, latency_us=50, speed=speed))
         rec = recommend(lambda t: mlp_profile, hw, workers=4, batch_size=64)
         if any(n.startswith("With a 10x") for n in rec.what_if):
             break
