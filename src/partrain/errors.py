@@ -8,7 +8,19 @@ Anything else that escapes is a bug in partrain and keeps its traceback. With
 and by every worker it starts (they read ``DEBUG_ENV``).
 """
 
+from collections.abc import Iterator
+
 DEBUG_ENV = "PARTRAIN_DEBUG"
+
+
+def causes(err: BaseException | None) -> Iterator[BaseException]:
+    """``err``, then the error it was raised from, and so on (a runtime's wrapper, such as the
+    pipelining stage's "failed to run forward", before the error behind it)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__
 
 
 class PartrainError(Exception):

@@ -36,7 +36,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from partrain.errors import PartrainError
+from partrain.errors import PartrainError, causes
 from partrain.spec import threads_per_worker
 
 DEFAULT_PORT = 29500
@@ -217,13 +217,10 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken p
 def peer_left(err: BaseException) -> str | None:
     """What the backend said if ``err``, or an error it was raised from (the pipelining stage's
     "failed to run forward"), is a connection another worker closed by leaving; else None."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
+    for e in causes(err):
         # the backends raise RuntimeError (a BrokenPipeError is stdout's reader gone: `| head`)
-        if isinstance(err, RuntimeError) and (said := next((w for w in _PEER_GONE if w in str(err)), None)):
+        if isinstance(e, RuntimeError) and (said := next((w for w in _PEER_GONE if w in str(e)), None)):
             return said
-        err = err.__cause__
     return None
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch.nn as nn
 
-from partrain.errors import PartrainError
+from partrain.errors import PartrainError, causes
 from partrain.models.cnn import cnn
 from partrain.models.gpt import gpt
 from partrain.models.mlp import mlp
@@ -139,12 +139,10 @@ def raised_by_model(err: BaseException, spec: str, doing: str) -> PartrainError 
     entered the user's model, which keep their traceback (partrain's bugs among them)."""
     if spec in _ZOO:
         return None
-    places, found, seen = _users_package(spec), None, set()
-    while err is not None and id(err) not in seen:  # the error, then what it was raised from
-        seen.add(id(err))
-        if (where := _where_in_model(err, places)) is not None:
-            found = (err, where)  # the innermost one that passed through the model wins
-        err = err.__cause__
+    places, found = _users_package(spec), None
+    for e in causes(err):
+        if (where := _where_in_model(e, places)) is not None:
+            found = (e, where)  # the innermost one that passed through the model wins
     if found is None:
         return None
     err, where = found
