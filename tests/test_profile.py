@@ -259,5 +259,7 @@ def test_hardware_profile_measures_every_collective(tmp_path):
     assert hw.pipeline_side_by_side is None and "pipeline_side_by_side" not in hw.points
     # the link alone: its two largest messages, and the rate between them
     assert [n for n, _ in hw.points["link_alone"]["intra"]] == [2**18, 2**20]
-    assert all(t > 0 for _, t in hw.points["link_alone"]["intra"]) and hw.link_rate("intra") > 0
+    assert all(t > 0 for _, t in hw.points["link_alone"]["intra"])
+    rate = hw.link_rate("intra")  # on loopback the larger message may take no longer (CI read 0.318 then 0.305 ms): NaN
+    assert rate > 0 or math.isnan(rate)
     assert HardwareProfile.load(hw.save(tmp_path / "hw.json")) == hw
