@@ -103,6 +103,21 @@ CASES = [
     ("suite-huge-batch", ["bench", "{tmp}/s.toml", "--store", "{tmp}/s.sqlite"], {"s.toml": SUITE + "batch_sizes = [1000000000000]\n"}, ["batch"]),
     ("suite-not-utf8", ["bench", "{tmp}/s.toml", "--store", "{tmp}/s.sqlite"], {"s.toml": b"name = \"\xff\xfe\"\n"}, ["UTF-8"]),
     ("store-of-another-program", ["results", "--store", "{tmp}/other.sqlite"], {"other.sqlite": "SQLITE:other"}, ["not a partrain results store"]),
+    # output paths: refused before any work, whatever the command (audit of session 41)
+    ("save-model-is-a-device", [*TRAIN, "--save-model", "/dev/null"], {}, ["--save-model /dev/null", "not a regular file"]),
+    ("trace-where-nothing-can-be-made", [*TRAIN, "--trace", "/proc/t.json"], {}, ["--trace", "not writable"]),
+    ("trace-html-is-a-folder", [*TRAIN, "--trace", "{tmp}/t.json", "--html", "{tmp}"], {}, ["--html", "is a directory"]),
+    ("checkpoint-holds-another-run", [*TRAIN, "--checkpoint", "{tmp}/ck"], {"ck/LATEST": "step-000001", "ck/step-000001/meta.json": "{}"},
+     ["--checkpoint", "already holds a checkpoint (step-000001)", "--resume"]),
+    ("results-output-is-a-folder", ["results", "--store", "{tmp}/s.sqlite", "--format", "csv", "--output", "{tmp}"], {}, ["--output", "is a directory"]),
+    ("results-output-under-a-file", ["results", "--store", "{tmp}/s.sqlite", "--output", "{tmp}/f.txt/x.csv"], {"f.txt": "x"}, ["--output", "is a file, not a folder"]),
+    ("report-output-is-a-folder", ["report", "--store", "{tmp}/s.sqlite", "-o", "{tmp}"], {}, ["--output", "is a directory"]),
+    ("trace-output-missing-folder", ["trace", "{tmp}/ev", "-o", "{tmp}/no/t.json"], {}, ["--output", "does not exist"]),
+    ("validate-plot-under-a-file", ["validate", "--store", "{tmp}/s.sqlite", "--plot", "{tmp}/f.txt/v.png"], {"f.txt": "x"}, ["--plot", "is a file"]),
+    ("scale-plot-under-a-file", ["scale", "strong", "--store", "{tmp}/s.sqlite", "--plot", "{tmp}/f.txt/p.png"], {"f.txt": "x"}, ["--plot"]),
+    ("sweep-storage-of-another-program", ["sweep", "--trials", "1", "--storage", "{tmp}/other.sqlite"], {"other.sqlite": "SQLITE:other"},
+     ["not an Optuna study storage", "invoices"]),
+    ("sweep-study-empty", ["sweep", "--trials", "1", "--study", ""], {}, ["--study"]),
     ("idx-wrong-image-size", ["train", "--data-dir", "{tmp}/d", "--steps", "1"], {"IDX": (14, 56)}, ["14x56", "28x28"]),
 ]
 

@@ -263,3 +263,30 @@ def test_hardware_profile_measures_every_collective(tmp_path):
     rate = hw.link_rate("intra")  # on loopback the larger message may take no longer (CI read 0.318 then 0.305 ms): NaN
     assert rate > 0 or math.isnan(rate)
     assert HardwareProfile.load(hw.save(tmp_path / "hw.json")) == hw
+
+
+def test_the_serial_loop_is_never_below_the_smallest_batch_s():
+    """The bare loop timed slow at the smallest batch (another process on the core) made the larger
+    sizes' loop negative, and recommend predicted serial at 0 s a step (an audit's ZeroDivisionError)."""
+    from partrain.profile.model import _cpu_loop
+
+    loop = _cpu_loop({"bare_loop": [0.004, 0.002, 0.009], "world_of_one": {"serial": 0.001}})
+    assert loop == pytest.approx([0.001, 0.001, 0.006])
+
+
+def test_a_hardware_profile_taken_while_the_machine_was_busy_is_shown_not_cached(tmp_path, monkeypatch, capsys):
+    import dataclasses
+
+    import partrain.profile.hardware as hardware
+    from partrain.profile.cache import BUSY_SHARE, local_hardware
+
+    busy = dataclasses.replace(local_hardware(), other_load=BUSY_SHARE + 0.2)
+    monkeypatch.setattr(hardware, "profile_hardware", lambda *a, **k: busy)
+    assert main(["profile", "--hardware", "--workers", "2", "--profile-dir", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "hardware profile: not cached" in err and "so it was not cached" in err
+    assert list(tmp_path.iterdir()) == []
+    quiet = dataclasses.replace(busy, other_load=0.0)
+    monkeypatch.setattr(hardware, "profile_hardware", lambda *a, **k: quiet)
+    assert main(["profile", "--hardware", "--workers", "2", "--profile-dir", str(tmp_path)]) == 0
+    assert len(list(tmp_path.glob("hardware-*.json"))) == 1  # the quiet one is kept

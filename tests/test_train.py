@@ -36,6 +36,18 @@ def test_resume_gives_the_same_result_as_not_stopping(data_dir, tmp_path):
     assert resumed.test_accuracy == straight.test_accuracy
 
 
+def test_a_checkpoint_removes_only_the_sets_it_wrote(data_dir, tmp_path):
+    """Older sets and a partial one a kill left are removed; a folder of the user's is kept,
+    even one named like a set (an audit found both deleted)."""
+    ckpt = tmp_path / "ckpt"
+    for folder, name in (("step-notes", "readme.txt"), ("step-000099", "results.csv"), ("step-000098", ".rank0.pt.tmp")):
+        (ckpt / folder).mkdir(parents=True)
+        (ckpt / folder / name).write_text("x")
+    train(data_dir, model="mlp", epochs=2, steps=12, limit=640, batch_size=64, checkpoint=str(ckpt), evaluate=False)
+    assert (ckpt / "LATEST").read_text() == "step-000012"
+    assert sorted(d.name for d in ckpt.iterdir()) == ["LATEST", "step-000012", "step-000099", "step-notes"]
+
+
 def test_resume_refuses_another_configuration(data_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
     train(data_dir, model="mlp", steps=2, limit=256, checkpoint=str(ckpt), evaluate=False)

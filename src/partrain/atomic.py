@@ -1,7 +1,9 @@
 """Files written whole or not at all: through a temporary name in the same folder and a rename.
 
 A reader never sees half a file, and a process killed mid-write leaves nothing under the
-real name (POSIX ``rename`` replaces it in one step). Stdlib only: the cost model uses it too.
+real name (POSIX ``rename`` replaces it in one step). A symbolic link is followed (the file it
+names is replaced, the link stays) and anything but a regular file is never replaced: renamed
+over, /dev/null would become a file. Stdlib only: the cost model uses it too.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ def write_atomic(path: str | os.PathLike, content: bytes | str | Callable[[IO], 
     to the disk before the rename (a checkpoint must survive a crash of the machine, a cache
     need not). On any failure the temporary file is removed and the error raised.
     """
-    path = Path(path)
+    given, path = Path(path), Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        raise IsADirectoryError(f"{given} is not a regular file: not replaced") if path.is_dir() else \
+            FileExistsError(f"{given} is not a regular file (a device, a pipe or a socket): not replaced")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -36,4 +41,4 @@ def write_atomic(path: str | os.PathLike, content: bytes | str | Callable[[IO], 
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return path
+    return given

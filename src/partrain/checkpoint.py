@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -97,8 +98,31 @@ def save(directory: str | Path, stepper: Stepper, rank: int, position: dict, met
         _write_atomic(step_dir / "meta.json", json.dumps(record, indent=2, default=str))
         _write_atomic(directory / POINTER, step_dir.name)
         for old in directory.glob("step-*"):  # the older sets, and any partial one a kill left
-            if old.name != step_dir.name:
+            if old.name != step_dir.name and _is_set(old):
                 shutil.rmtree(old, ignore_errors=True)
+
+
+# what a set holds: every rank's file, rank 0's meta.json, and their temporary names mid-write
+_SET_FILE = re.compile(r"\.?(rank\d+\.pt|meta\.json)(\.tmp)?")
+
+
+def _is_set(path: Path) -> bool:
+    """A folder this module wrote: ``step-N`` holding nothing but a set's files. A folder the
+    user named ``step-notes``, or one holding their own files, is never removed."""
+    return (path.is_dir() and re.fullmatch(r"step-\d+", path.name) is not None
+            and all(_SET_FILE.fullmatch(f.name) for f in path.iterdir()))
+
+
+def check_target(cfg: RunConfig) -> None:
+    """``--checkpoint DIR`` that already holds a checkpoint is written only by the run resuming
+    it: saving there would replace another run's set (the last copy of hours of training)."""
+    if cfg.checkpoint is None or not (Path(cfg.checkpoint) / POINTER).is_file():
+        return
+    if cfg.resume and Path(cfg.resume).resolve() == Path(cfg.checkpoint).resolve():
+        return
+    held = (Path(cfg.checkpoint) / POINTER).read_text().strip()
+    raise PartrainError(f"--checkpoint {cfg.checkpoint} already holds a checkpoint ({held}), which this run would "
+                        f"replace: resume it with --resume {cfg.checkpoint}, or give an empty or new directory")
 
 
 def latest_set(directory: str | Path) -> Path:

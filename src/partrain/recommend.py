@@ -294,6 +294,7 @@ def recommendation_table(rec: Recommendation, top: int = 8):
             str(i), p.plan.label(), str(p.plan.workers), str(p.plan.batch_size), f"{p.seconds_per_epoch:.2f}",
             f"{p.seconds_per_step * 1e3:.2f}", f"{p.compute_s * 1e3:.2f}", f"{p.comm_s * 1e3:.2f}", f"{p.bubble_s * 1e3:.2f}",
             gib(p.memory_bytes_per_worker),
-            f"{serial.seconds_per_epoch / p.seconds_per_epoch:.2f}x" if (serial := rec.serial_for(p.plan.batch_size)) else "-",
+            f"{serial.seconds_per_epoch / p.seconds_per_epoch:.2f}x"
+            if (serial := rec.serial_for(p.plan.batch_size)) and p.seconds_per_epoch > 0 else "-",
         )
     return table

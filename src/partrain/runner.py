@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
-from pathlib import Path
 
 import torch
 
@@ -26,6 +24,7 @@ from partrain.errors import PartrainError, PeerLeft
 from partrain.models import build_model
 from partrain.models.check import checked_model
 from partrain.models.registry import raised_by_model
+from partrain.outputs import check_dir, check_file
 from partrain.strategies.pipeline import check_pipeline
 from partrain.strategies.precision import check_precision
 from partrain.train import EpochHook, RunResult, train_worker
@@ -68,41 +67,10 @@ def check_outputs(cfg: RunConfig) -> None:
     """Output paths are refused before training, not when the run has finished."""
     for flag, path in (("--checkpoint", cfg.checkpoint), ("--events", cfg.events)):
         if path is not None:
-            check_output_dir(flag, path)
+            check_dir(flag, path)
+    checkpoint.check_target(cfg)
     if cfg.save_model is not None:
-        check_output_file("--save-model", cfg.save_model)
-
-
-def check_output_dir(flag: str, path: str) -> None:
-    """``path`` is a directory, or can be made one: no file in the way, a writable ancestor."""
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise PartrainError(f"{flag} {path}: a file is in the way; give a directory")
-    existing = next(a for a in (p, *p.parents) if a.exists())
-    if not _can_write_in(existing):
-        raise PartrainError(f"{flag} {path}: {existing} is not writable; choose another place")
-
-
-def check_output_file(flag: str, path: str) -> None:
-    """``path`` can be written as a file: not a directory, its folder exists and is writable."""
-    p = Path(path)
-    if p.is_dir():
-        raise PartrainError(f"{flag} {path}: is a directory; give a file name, e.g. {p / 'model.pt'}")
-    if not p.parent.is_dir():
-        raise PartrainError(f"{flag} {path}: the folder {p.parent} does not exist; create it first")
-    if not _can_write_in(p.parent):
-        raise PartrainError(f"{flag} {path}: the folder {p.parent} is not writable")
-
-
-def _can_write_in(folder: Path) -> bool:
-    """Whether something can be created in ``folder``, tried for real and removed: ``os.access``
-    says yes to root everywhere, /proc and /sys included, where the run would fail only when it
-    first saved (``--checkpoint /proc/x`` trained to the end of the epoch, then raised)."""
-    try:
-        with tempfile.TemporaryDirectory(dir=folder, prefix=".partrain-check-"):
-            return True
-    except OSError:
-        return False
+        check_file("--save-model", cfg.save_model)
 
 
 def _worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool, on_epoch: EpochHook | None) -> RunResult | None:

@@ -12,6 +12,7 @@ from partrain.commands.args import (
     str_list,
 )
 from partrain.errors import PartrainError
+from partrain.outputs import check_file
 
 
 def print_rows(rows: list[dict], title: str, output: str | None = None) -> None:
@@ -96,6 +97,8 @@ def cmd_results(args: argparse.Namespace) -> int:
     from partrain.bench import Store
     from partrain.bench.table import write_export
 
+    if args.output is not None:
+        check_file("--output", args.output)
     with Store(args.store, create=False) as store:
         rows = store.rows()
         path = store.path
@@ -156,8 +159,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
         "data_dir": args.data_dir, "engine": args.engine,
     }
     suite = study_suite(args.kind, options)
+    plot = check_file("--plot", args.plot or f"partrain-{args.kind}.png")
     with Store(args.store) as store:
-        rows, png = run_study(args.kind, suite, store, args.plot or f"partrain-{args.kind}.png",
+        rows, png = run_study(args.kind, suite, store, plot,
                               force=args.force, show_progress=not args.quiet)
     if not args.quiet:
         print_rows(rows, f"{args.kind} study; * = extrapolated epoch")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from partrain.commands.args import (
     PROFILE_DIR_HELP,
@@ -42,6 +43,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     from partrain.predict.fits import default_sizes
     from partrain.profile.cache import (
+        BUSY_SHARE,
         RunOptions,
         hardware_path,
         load_or_profile,
@@ -54,14 +56,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
         hw = profile_hardware(args.workers, default_sizes(int(args.max_mb * 2**20)), threads=args.threads or 1)
         if hw is None:  # a launched worker other than rank 0
             return 0
-        path = hw.save(hardware_path(profile_dir(args.profile_dir), hw.nodes * hw.workers_per_node, hw.nodes))
+        quiet = hw.other_load < BUSY_SHARE  # a contended profile is shown, never kept to spoil later predictions
+        path = hw.save(hardware_path(profile_dir(args.profile_dir), hw.nodes * hw.workers_per_node, hw.nodes)) if quiet else None
         print(json.dumps(hw.to_dict()) if args.json else "", end="\n" if args.json else "")
         if not args.json:
             print_table(hardware_table(hw))
-        print(f"hardware profile: {path}", file=sys.stderr)
+        print(f"hardware profile: {path or 'not cached'}", file=sys.stderr)
         if hw.other_load >= 0.1:
             print(f"warning: other processes used {hw.other_load:.0%} of the CPU while the collectives were timed; "
-                  "they may read slow: profile again when the machine is quiet", file=sys.stderr)
+                  f"they may read slow{'' if quiet else ', so it was not cached'}: profile again when the machine is quiet",
+                  file=sys.stderr)
         return 0
     options = model_options(args)
     profile, path, reused = load_or_profile(
@@ -80,6 +84,7 @@ def announce_profile(profile, path, reused: bool, extra: str = "") -> None:
     """On stderr: which model profile a command used, and whether the machine was busy when it was taken."""
     from partrain.predict.profiles import busy_warning
 
-    print(f"model profile: {path}{' (cached)' if reused else ''}{extra}", file=sys.stderr)
+    where = f"{path}{' (cached)' if reused else ''}" if Path(path).is_file() else "not cached (the machine was busy)"
+    print(f"model profile: {where}{extra}", file=sys.stderr)
     if warning := busy_warning(profile):
         print(warning, file=sys.stderr)

@@ -71,22 +71,25 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     workers = args.workers or (hw.nodes * hw.workers_per_node if hw else 1)
     if workers < 1:
         raise PartrainError(f"--workers must be at least 1, got {workers}")
-    start, profiled = time.perf_counter(), []
+    start, profiled, kept = time.perf_counter(), [], True  # kept: every new profile was cached
     if hw is None:
         with console.status(f"measuring this machine's collectives with {workers} workers (cached afterwards)..."):
-            hw, _, reused = hardware_for(workers, args.profile_dir, device=run.device)
+            hw, hw_path, reused = hardware_for(workers, args.profile_dir, device=run.device)
         profiled += [] if reused else ["collectives"]
+        kept = hw_path is not None or workers <= 1
     sizes = profile_batch_sizes(needed_batch_sizes(workers, args.batch_size))
     options = model_options(args)
 
     used = []
 
     def profile_for(threads: int):
+        nonlocal kept
         threads = profile_threads(threads)
         with console.status(f"profiling {args.model} on {args.dataset} with {threads} thread(s), batches {sizes}..."):
-            profile, _, reused = load_or_profile(args.model, args.dataset, sizes, threads, args.profile_dir, args.data_dir,
-                                                 args.synthetic, options, refresh=args.refresh, run=run)
+            profile, path, reused = load_or_profile(args.model, args.dataset, sizes, threads, args.profile_dir,
+                                                    args.data_dir, args.synthetic, options, refresh=args.refresh, run=run)
         profiled.extend([] if reused else [f"{args.model} at {threads} thread(s)"])
+        kept = kept and path.is_file()
         used.append(profile)
         return profile
 
@@ -99,7 +102,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         print(json.dumps({**rec.to_dict(), "provenance": prov, "measured": measured}, default=str))
         return 0
     if profiled:
-        print(f"profiled {', '.join(profiled)} in {rec.profile_seconds:.1f} s (cached for next time)", file=sys.stderr)
+        cached = "cached for next time" if kept else "not all cached: the machine was busy"
+        print(f"profiled {', '.join(profiled)} in {rec.profile_seconds:.1f} s ({cached})", file=sys.stderr)
     print_table(recommendation_table(rec, args.top))
     for line in provenance_lines(prov):
         print(line)

@@ -8,6 +8,7 @@ import sys
 
 from partrain.commands.args import PROFILE_DIR_HELP, STORE_HELP, print_table
 from partrain.errors import PartrainError
+from partrain.outputs import check_file
 
 
 def add_validate_parser(sub) -> None:
@@ -35,6 +36,8 @@ def add_validate_parser(sub) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    if not args.recommendations:
+        check_file("--plot", args.plot)
     from partrain.bench import Store
     from partrain.predict.machine import fingerprint as machine
     from partrain.predict.plan import profile_batch_sizes

@@ -276,7 +276,9 @@ def _cpu_loop(memory: dict) -> list[float]:
     bare, ran = memory.get("bare_loop") or [], memory.get("world_of_one", {}).get("serial")
     if ran is None or not bare:
         return []
-    return [ran + t - bare[0] for t in bare]
+    # never below the smallest batch's loop: a bare loop timed slow at the smallest size (another
+    # process took the core) made the larger sizes' negative, and a serial step of 0 s
+    return [ran + max(0.0, t - bare[0]) for t in bare]
 
 
 def _name_of(model: nn.Module, block: nn.Module) -> str:

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from partrain.errors import PartrainError
+from partrain.outputs import check_file
 
 PROFILE_DIR_HELP = "profile cache directory (default: $PARTRAIN_PROFILE_DIR, else ~/.partrain/profiles)"
 
@@ -73,6 +74,7 @@ def add_train_trace(p: argparse.ArgumentParser) -> None:
         if detect_launcher().launched:  # each rank is its own process: none knows when the others wrote
             raise PartrainError("--trace needs the workers partrain starts itself: under a launcher, record with "
                                 "--events DIR on a shared path and run `partrain trace DIR` once the job ended")
+        check_trace_outputs(args.trace, args, "--trace")
         with tempfile.TemporaryDirectory(prefix="partrain-events-") as tmp:
             args.events = args.events or tmp
             status = train(args)
@@ -84,8 +86,25 @@ def add_train_trace(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
+    check_trace_outputs(args.output, args, "--output")
     write_outputs(args.events, args.output, args)
     return 0
+
+
+def trace_outputs(output: str, args: argparse.Namespace) -> tuple[Path | None, Path | None]:
+    """The HTML viewer's and the Gantt chart's paths, when asked for: named, or the trace's with
+    another suffix."""
+    html = (Path(output).with_suffix(".html") if args.html is True else Path(args.html)) if args.html else None
+    png = (Path(output).with_suffix(".png") if args.png is True else Path(args.png)) if args.png else None
+    return html, png
+
+
+def check_trace_outputs(output: str, args: argparse.Namespace, flag: str) -> None:
+    """Every file the trace will write, refused before the run or the reading if it cannot be."""
+    html, png = trace_outputs(output, args)
+    for name, path in ((flag, output), ("--html", html), ("--png", png)):
+        if path is not None:
+            check_file(name, path)
 
 
 def write_outputs(events: str, output: str, args: argparse.Namespace) -> None:
@@ -97,12 +116,12 @@ def write_outputs(events: str, output: str, args: argparse.Namespace) -> None:
     timeline = measured_timeline(events)
     if args.predicted:
         add_prediction(timeline, args.cluster, args.trace_profile_dir)
+    html, png = trace_outputs(output, args)
     paths = [write_trace(timeline, output)]
-    if args.html:
-        html_path = Path(output).with_suffix(".html") if args.html is True else Path(args.html)
-        paths.append(write_atomic(html_path, timeline_page(chrome_trace(timeline), f"partrain timeline: {events}")))
-    if args.png:
-        paths.append(write_gantt(timeline, Path(output).with_suffix(".png") if args.png is True else args.png))
+    if html:
+        paths.append(write_atomic(html, timeline_page(chrome_trace(timeline), f"partrain timeline: {events}")))
+    if png:
+        paths.append(write_gantt(timeline, png))
     for note in timeline.notes:
         print(f"note: {note}", file=sys.stderr)
     print("\n".join(f"wrote {p}" for p in paths), file=sys.stderr)
@@ -139,6 +158,7 @@ def add_prediction(timeline, cluster: str | None, profile_dir: str | None) -> No
 def cmd_report(args: argparse.Namespace) -> int:
     from partrain.report.html import build_report
 
+    check_file("--output", args.output)
     path = build_report(args.store, args.output, args.events, args.profile_dir, args.title)
     print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB): open it in a browser", file=sys.stderr)
     return 0

@@ -12,6 +12,9 @@ import html
 import io
 import math
 from collections.abc import Iterable
+from pathlib import Path
+
+from partrain.atomic import write_atomic
 
 PAGE_ROWS = 50  # rows per page of a long table: 500 cells stay 10 short pages
 
@@ -116,10 +119,16 @@ def table(headers: list[str], rows: Iterable[tuple[str, str]], css_id: str = "",
             f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table><div class=pager></div></div>")
 
 
-def figure_png(fig, dpi: int = 90) -> bytes:
+def figure_png(fig, dpi: int = 90, **savefig) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
+    fig.savefig(buf, format="png", dpi=dpi, **savefig)
     return buf.getvalue()
+
+
+def write_png(fig, path, dpi: int = 90, **savefig) -> Path:
+    """``fig`` as a PNG at exactly ``path`` (savefig would add ``.png`` to a name without it),
+    written whole (``atomic.write_atomic``)."""
+    return write_atomic(path, figure_png(fig, dpi, **savefig))
 
 
 def img(png: bytes, alt: str, css: str = "") -> str:

@@ -19,6 +19,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import LogFormatter, ScalarFormatter
 
+from partrain.report.page import write_png
+
 if TYPE_CHECKING:
     from partrain.validate import Report
 
@@ -62,10 +64,7 @@ def _finish(fig: Figure, title: str, rows: list[dict], path: str | Path) -> Path
         ax.grid(True, which="both", alpha=0.3)
         if ax.get_legend() is None and ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    return path
+    return write_png(fig, path, dpi=110, bbox_inches="tight")
 
 
 def _subject(rows: list[dict]) -> str:
@@ -197,7 +196,6 @@ def plot_scatter(report: Report, path: str | Path) -> Path:
            title=f"predicted vs measured, MAPE {report.mape():.1%} over {len(report.cases)} cells")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
+    path = write_png(fig, path, dpi=120)
     plt.close(fig)
     return path

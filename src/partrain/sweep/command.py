@@ -11,6 +11,7 @@ import time
 
 from partrain.config import RunConfig
 from partrain.errors import PartrainError
+from partrain.outputs import check_file
 
 
 def _ints(text: str) -> list[int]:
@@ -83,6 +84,8 @@ def _settings(args):
 
     if args.trials < 1:
         raise PartrainError(f"--trials must be at least 1, got {args.trials}")
+    if not args.study.strip():
+        raise PartrainError("--study needs a name: it names the study in its storage and the default files")
     if args.per_trial < 1 or args.workers < 1 or args.workers % args.per_trial:
         raise PartrainError(f"--per-trial {args.per_trial} does not divide --workers {args.workers}: "
                             "choose k with W / k trials side by side")
@@ -118,6 +121,7 @@ def run(args) -> int:
     )
 
     preflight(settings.base)  # missing data or an unknown model: one line, before any trial starts
+    check_file("--plot", args.plot or f"{args.study}.png")
     study = open_study(settings, create=True)
     reclaimed = reclaim_interrupted(study, failed_too=True)
     if settings.sampler == "grid":

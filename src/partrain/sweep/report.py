@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from partrain.config import RunConfig
+from partrain.report.page import write_png
 from partrain.sweep.space import Dimension, train_command, trial_config
 
 
@@ -94,7 +95,6 @@ def plot(rows: list[dict], dims: list[Dimension], path: str | Path, title: str) 
     axes.flat[0].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
+    path = write_png(fig, path, dpi=100)
     plt.close(fig)
     return path

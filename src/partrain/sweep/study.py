@@ -16,6 +16,7 @@ nothing twice.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -58,10 +59,31 @@ class SweepSettings:
 
 
 def storage_url(storage: str | None, study: str) -> str:
-    """A database URL; a plain path is an SQLite file; none is ``<study>.sqlite3`` here."""
+    """A database URL; a plain path is an SQLite file; none is ``<study>.sqlite3`` here. An
+    SQLite file that another program wrote is refused: Optuna would add its tables beside theirs."""
     if not storage:
         storage = f"{study}.sqlite3"
-    return storage if "://" in storage else f"sqlite:///{os.path.abspath(storage)}"
+    if "://" in storage:
+        return storage
+    if tables := _foreign_tables(storage):
+        raise PartrainError(f"--storage {storage} is not an Optuna study storage (it holds tables such as "
+                            f"{tables[0]!r}): pass another --storage")
+    return f"sqlite:///{os.path.abspath(storage)}"
+
+
+def _foreign_tables(path: str) -> list[str]:
+    """The tables of an existing SQLite file at ``path`` when it holds no Optuna study (none
+    otherwise; a file that is not SQLite is left to the storage to refuse)."""
+    import sqlite3
+
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return []
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{os.path.abspath(path)}?mode=ro", uri=True)) as db:
+            tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    except sqlite3.DatabaseError:
+        return []
+    return [] if not tables or "studies" in tables else tables
 
 
 def _storage(url: str):
