@@ -53,7 +53,7 @@ def test_serial_is_one_worker_and_pp_dp_are_for_hybrid():
 
 def test_numbers_out_of_range():
     assert "--batch-size must be an integer >= 1, got 0" in refused(batch_size=0)
-    assert "--lr must be a finite number > 0, got 0" in refused(lr=0)
+    assert "--lr must be a finite number > 0 that float32 holds, got 0" in refused(lr=0)
     assert "--average-every takes a number of steps or 'epoch'" in refused(strategy="local-sgd", workers=2, average_every="often")
 
 

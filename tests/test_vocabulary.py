@@ -21,14 +21,14 @@ def error_line(argv, capsys) -> str:
 
 
 BAD = [
-    (["train", "--lr", "nan"], "--lr must be a finite number > 0, got nan"),
-    (["train", "--lr", "inf"], "--lr must be a finite number > 0, got inf"),
-    (["train", "--lr", "0"], "--lr must be a finite number > 0, got 0.0"),
-    (["train", "--weight-decay", "-1"], "--weight-decay must be a finite number >= 0, got -1.0"),
-    (["train", "--weight-decay", "nan"], "--weight-decay must be a finite number >= 0, got nan"),
+    (["train", "--lr", "nan"], "--lr must be a finite number > 0 that float32 holds, got nan"),
+    (["train", "--lr", "inf"], "--lr must be a finite number > 0 that float32 holds, got inf"),
+    (["train", "--lr", "0"], "--lr must be a finite number > 0 that float32 holds, got 0.0"),
+    (["train", "--weight-decay", "-1"], "--weight-decay must be a finite number >= 0 that float32 holds, got -1.0"),
+    (["train", "--weight-decay", "nan"], "--weight-decay must be a finite number >= 0 that float32 holds, got nan"),
     (["train", "--momentum", "1"], "--momentum must be a finite number in [0, 1), got 1.0"),
-    (["train", "--bucket-mb", "nan"], "--bucket-mb must be a finite number > 0, got nan"),
-    (["train", "--timeout", "-5"], "--timeout must be a finite number in (0, 604800], got -5.0"),
+    (["train", "--bucket-mb", "nan"], "--bucket-mb must be a finite number in (0, 1e+06], got nan"),
+    (["train", "--timeout", "-5"], "--timeout must be a finite number in [0.001, 604800], got -5.0"),
     (["train", "--threads", "0"], "--threads must be an integer in 1..1024, got 0"),
     (["train", "--threads", "100000"], "--threads must be an integer in 1..1024, got 100000"),
     (["train", "--workers", "0"], "--workers must be an integer >= 1, got 0"),
@@ -41,7 +41,7 @@ BAD = [
     (["predict", "--workers", "0"], "--workers must be an integer >= 1, got 0"),
     (["recommend", "--workers", "0"], "--workers must be an integer >= 1, got 0"),
     (["profile", "--hardware", "--max-mb", "-1"], "--max-mb must be a finite number > 0, got -1.0"),
-    (["scale", "strong", "--lr", "nan"], "--lr must be a finite number > 0, got nan"),
+    (["scale", "strong", "--lr", "nan"], "--lr must be a finite number > 0 that float32 holds, got nan"),
 ]
 
 

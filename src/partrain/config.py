@@ -46,6 +46,7 @@ def option(default, help: str, group: str, **kw):
 DATA, OPTIM, PARALLEL, RUN, SPEED = "model and data", "optimization", "parallelism", "run", "speed"
 PRECISIONS = ("fp32", "bf16", "fp16")
 MAX_THREADS = 1024  # intra-op threads per worker: beyond this torch's pool fails without a message
+FLOAT32_MAX = 3.4028234663852886e38  # the optimizers hold lr and weight decay as float32 tensors: above this, a traceback
 
 
 @dataclass
@@ -65,9 +66,9 @@ class Job:
     evaluate: bool = option(True, "skip evaluation on the test split", OPTIM, negate="--no-eval")
     # batch_size is the global batch, summed over data-parallel replicas
     batch_size: int = option(64, "global batch, summed over data-parallel workers", OPTIM, lo=1)
-    lr: float = option(0.01, "learning rate", OPTIM, lo=0, lo_open=True)
+    lr: float = option(0.01, "learning rate", OPTIM, lo=0, lo_open=True, hi=FLOAT32_MAX)
     momentum: float = option(0.9, "SGD momentum", OPTIM, lo=0, hi=1, hi_open=True)
-    weight_decay: float = option(0.0, "L2 penalty", OPTIM, lo=0)
+    weight_decay: float = option(0.0, "L2 penalty", OPTIM, lo=0, hi=FLOAT32_MAX)
     optimizer: str = option("sgd", "optimizer", OPTIM, choices=("sgd", "adam"))
     seed: int = option(0, "seeds weights, data order and synthetic data", OPTIM, lo=0, hi=2**32 - 1)
     # numerics, so part of the job: a plan is ranked at the precision asked for, never another
@@ -93,7 +94,7 @@ class Parallelism:
                           choices=("time", "params"))
     split_points: list[int] | None = option(None, "pipelines: explicit first block index of each stage after the "
                                             "first, e.g. 3,6", PARALLEL)
-    bucket_mb: float = option(25.0, "ddp: gradient bucket size in MB", PARALLEL, lo=0, lo_open=True)
+    bucket_mb: float = option(25.0, "ddp: gradient bucket size in MB", PARALLEL, lo=0, lo_open=True, hi=1e6)
     average_every: int | str = option(1, "local-sgd: steps between parameter averages, or 'epoch'", PARALLEL)
 
 
@@ -104,8 +105,8 @@ class Machinery:
     threads: int | None = option(None, "intra-op threads per worker (default: cores / local workers)", RUN,
                                  lo=1, hi=MAX_THREADS)
     # collective timeout: a dead peer fails the run, never hangs it
-    timeout_s: float = option(300.0, "seconds a collective may wait for a peer", RUN, flag="--timeout", lo=0,
-                              lo_open=True, hi=7 * 24 * 3600)
+    timeout_s: float = option(300.0, "seconds a collective may wait for a peer", RUN, flag="--timeout", lo=0.001,
+                              hi=7 * 24 * 3600)  # the backends count whole milliseconds: less is 0, every wait fails
     checkpoint: str | None = option(None, "directory to write a checkpoint into after every epoch", RUN)
     resume: str | None = option(None, "checkpoint directory to resume from", RUN)
     events: str | None = option(None, "directory for per-rank event traces (timelines)", RUN)
@@ -140,6 +141,8 @@ def flag_of(name: str) -> str:
 
 def _range_text(opt: Option, integer: bool) -> str:
     what = "an integer" if integer else "a finite number"
+    if opt.hi == FLOAT32_MAX:  # the float32 bound, said in words rather than as 3.40282e+38
+        return f"{_range_text(dataclasses.replace(opt, hi=None), integer)} that float32 holds"
     if opt.lo is not None and opt.hi is not None:
         if integer:
             return f"{what} in {int(opt.lo)}..{int(opt.hi)}"
@@ -276,14 +279,17 @@ class RunConfig(Machinery, Parallelism, Job):
         if kind != "hybrid" and (self.pp is not None or self.dp is not None):
             raise PartrainError(f"--pp/--dp apply to the hybrid strategy; {self.strategy} sets them from --workers")
         dims = self.dims  # validates pp x dp == workers
-        if kind == "shared":
+        if kind == "shared":  # each worker steps on its own rows of the global batch
+            if self.batch_size % self.workers:
+                raise PartrainError(f"global batch {self.batch_size} is not divisible by {self.workers} hogwild workers: "
+                                    f"choose a multiple of {self.workers}")
             return
         if dims.dp > 1 and self.batch_size % (dims.dp * self.num_microbatches) != 0:
             raise PartrainError(
                 f"global batch {self.batch_size} is not divisible by dp x micro-batches = "
                 f"{dims.dp} x {self.num_microbatches}: choose a multiple of {dims.dp * self.num_microbatches}"
             )
-        if dims.pp > 1 and (self.batch_size // dims.dp) % self.num_microbatches != 0:
+        if (dims.pp > 1 or self.num_microbatches > 1) and (self.batch_size // dims.dp) % self.num_microbatches != 0:
             raise PartrainError(
                 f"batch {self.batch_size // dims.dp} per pipeline is not divisible by "
                 f"{self.num_microbatches} micro-batches: choose a batch that is a multiple of it"
