@@ -165,6 +165,39 @@ def test_bad_model_names_raise_one_clear_error(spec, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("name, source, message", [
+    ("umod_syntax", "def f(:\n", r"module 'umod_syntax' has a syntax error \(umod_syntax.py:1: invalid syntax\)"),
+    ("umod_raises", "raise RuntimeError('boom')\n", r"importing module 'umod_raises' raised RuntimeError: boom"),
+    ("umod_exits", "import sys\nsys.exit(4)\n", r"importing module 'umod_exits' called sys.exit\(4\)"),
+    ("umod_needs", "import nonexistent_pkg_xyz\n",
+     r"module 'umod_needs' was found, but its own import of 'nonexistent_pkg_xyz' failed"),
+])
+def test_a_user_module_that_fails_as_it_is_imported_is_one_line(tmp_path, monkeypatch, name, source, message):
+    """Its own code's fault, told apart from a module not found (an audit: tracebacks, and a
+    silent exit with status 4)."""
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PartrainError, match=message) as err:
+        build_model(f"{name}:f", (1, 28, 28), 10)
+    assert "\n" not in str(err.value)
+
+
+def test_a_model_without_trainable_parameters_is_refused(tmp_path, monkeypatch):
+    from partrain.models.check import checked_model
+
+    (tmp_path / "umod_noparams.py").write_text("import torch.nn as nn\ndef f():\n    return nn.Sequential(nn.Flatten(), nn.Identity())\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PartrainError, match="'umod_noparams:f' has no trainable parameters"):
+        checked_model("umod_noparams:f", (1, 10), 10, {})
+
+
+def test_a_zoo_option_of_the_wrong_type_is_one_line():
+    with pytest.raises(PartrainError, match=r"model 'gpt' cannot be built with layers='abc': ValueError"):
+        build_model("gpt", (16,), 256, layers="abc")
+    with pytest.raises(PartrainError, match=r"layers=\[1\]: TypeError"):
+        build_model("gpt", (16,), 256, layers=[1])
+
+
 def test_unknown_options_raise():
     with pytest.raises(PartrainError, match="'resnet18' has no option 'activation'; its options are: none"):
         build_model("resnet18", (3, 32, 32), 10, activation="relu")

@@ -42,6 +42,9 @@ def checked_model(name: str, input_shape: tuple[int, ...], num_classes: int, opt
         if err.__cause__ is None or not _meta_only(err.__cause__):
             raise
         model = build_model(name, input_shape, num_classes, **options)  # a real build: two samples' forward
+    if not any(p.requires_grad for p in model.parameters()):
+        raise PartrainError(f"model {name!r} has no trainable parameters (none that requires grad): "
+                            "there is nothing to train or to parallelize")
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     x = torch.zeros((2, *input_shape), dtype=input_dtype, device=device)
     model.eval()  # BatchNorm and dropout need no batch statistics for shapes

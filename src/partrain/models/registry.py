@@ -105,7 +105,15 @@ def _guarded(name: str, factory: Callable, **kwargs):
     """Call a factory; what goes wrong inside the user's code is one line naming the factory
     (its traceback with ``--debug``), not a traceback from deep inside partrain."""
     if name in _ZOO:
-        return factory(**kwargs)
+        options = {k: v for k, v in kwargs.items() if k not in ("input_shape", "num_classes")}
+        try:
+            return factory(**kwargs)
+        except (TypeError, ValueError) as err:  # a zoo model's option of the wrong type or range
+            if not options:
+                raise  # with no option given it is partrain's bug, and keeps its traceback
+            given = ", ".join(f"{k}={v!r}" for k, v in options.items())
+            raise PartrainError(f"model {name!r} cannot be built with {given}: {type(err).__name__}: {err} "
+                                "(`partrain models` lists each model's options)") from err
     try:
         return factory(**kwargs)
     except SystemExit as err:
@@ -184,13 +192,7 @@ def load_factory(spec: str) -> Callable:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise PartrainError(f"model {spec!r}: write a user factory as 'package.module:function'")
-    try:
-        factory = importlib.import_module(module_name)
-    except ImportError as err:
-        raise PartrainError(
-            f"model {spec!r}: cannot import module {module_name!r} ({err}); "
-            "check the spelling and that its directory is on PYTHONPATH"
-        ) from err
+    factory = _import(spec, module_name)
     try:
         for part in attr.split("."):
             factory = getattr(factory, part)
@@ -204,6 +206,29 @@ def load_factory(spec: str) -> Callable:
             f"model {spec!r}: {attr!r} is not callable; point at a function that builds the model"
         )
     return factory
+
+
+def _import(spec: str, module_name: str):
+    """The user's module, imported; what goes wrong is one line that says whose fault it is:
+    a module not found (spelling, PYTHONPATH), or the module's own code (a syntax error, an
+    import of its own that is missing, an exception or ``sys.exit`` as it runs)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name and (module_name == err.name or module_name.startswith(f"{err.name}.")):
+            raise PartrainError(f"model {spec!r}: cannot import module {module_name!r} ({err}); "
+                                "check the spelling and that its directory is on PYTHONPATH") from err
+        raise PartrainError(f"model {spec!r}: module {module_name!r} was found, but its own import of {err.name!r} "
+                            f"failed ({err}); install what it needs") from err
+    except SyntaxError as err:
+        raise PartrainError(f"model {spec!r}: module {module_name!r} has a syntax error "
+                            f"({Path(err.filename or '?').name}:{err.lineno}: {err.msg})") from err
+    except SystemExit as err:
+        raise PartrainError(f"model {spec!r}: importing module {module_name!r} called sys.exit({err.code!r}); "
+                            "a module that builds a model should not exit as it is imported") from err
+    except Exception as err:  # noqa: BLE001 - anything the user's module raises as it runs
+        raise PartrainError(f"model {spec!r}: importing module {module_name!r} raised {type(err).__name__}: {err} "
+                            "(--debug shows its traceback)") from err
 
 
 def _build_user_model(
