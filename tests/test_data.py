@@ -303,7 +303,8 @@ def test_cifar_corrupt(data_dir, tmp_path):
 
 @pytest.mark.parametrize("row, phrases", [
     ("3," + "0," * 126 + "0", ["line 3 has 128 columns, expected 129"]),
-    ("3," + "0," * 100 + "x," + "0," * 26 + "0", ["line 3, column 102", "'x' is not an integer"]),
+    ("3," + "0," * 100 + "x," + "0," * 26 + "0", ["line 3, column 102", "'x' is not a 64-bit integer"]),
+    ("3," + "0," * 100 + "9" * 23 + "," + "0," * 26 + "0", ["line 3, column 102", "is not a 64-bit integer"]),  # was OverflowError
     ("10," + "0," * 127 + "0", ["label 10 at line 3", "0..9"]),
     ("3," + "0," * 127 + "2", ["line 3, column 129: pixel 2 is not 0 or 1"]),
 ])
@@ -314,6 +315,22 @@ def test_csv_corrupt(data_dir, tmp_path, row, phrases):
     path.write_text("\n".join(lines[:2] + [row] + lines[3:]) + "\n")
     with raises_naming(path, *phrases):
         load_dataset("ocr-letters", "test", data_dir=tmp_path)
+
+
+def test_a_split_of_no_samples_is_refused_when_read(tmp_path):
+    """Well-formed IDX files of 0 items: an accuracy of 0 / 0 after training, before this."""
+    import gzip
+    import struct
+
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    for prefix in ("train", "t10k"):
+        with gzip.open(folder / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">IIII", 2051, 0, 28, 28))
+        with gzip.open(folder / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">II", 2049, 0))
+    with pytest.raises(PartrainError, match="mnist's test split in .* holds no samples"):
+        load_dataset("mnist", "test", data_dir=tmp_path)
 
 
 # --- token datasets -------------------------------------------------------------------------

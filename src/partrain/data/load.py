@@ -92,6 +92,8 @@ def load_dataset(name: str, split: str = "train", *, data_dir: str | os.PathLike
         images, labels = read_ocr_csv(path, spec.num_classes)
     else:
         images, labels = _read_idx_dataset(spec, root, split)
+    if len(labels) == 0:  # a well-formed file of no samples: nothing to train on, or a test accuracy of 0 / 0
+        raise PartrainError(f"{name}'s {split} split in {root} holds no samples: restore its files")
     pixels = torch.from_numpy(np.array(images[:limit], order="C"))  # a writable copy, only of what is kept
     labels = torch.from_numpy(labels[:limit].astype(np.int64))
     scale, mean, std = normalization(spec.name)

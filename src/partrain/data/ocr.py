@@ -34,9 +34,9 @@ def read_ocr_csv(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
                                 f"(a label and {ROWS}x{COLS} pixels)")
         try:
             table[i] = [int(field) for field in fields]
-        except ValueError:
+        except (ValueError, OverflowError):  # not a number, or one beyond 64 bits
             col, field = next((c, f) for c, f in enumerate(fields, 1) if not _is_int(f))
-            raise corrupt(path, f"line {i + 1}, column {col}: {field!r} is not an integer") from None
+            raise corrupt(path, f"line {i + 1}, column {col}: {field!r} is not a 64-bit integer") from None
     check_labels(table[:, 0], 0, num_classes - 1, path, "line", first=1)
     bad = np.argwhere((table[:, 1:] < 0) | (table[:, 1:] > 1))
     if bad.size:
@@ -46,8 +46,8 @@ def read_ocr_csv(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _is_int(field: str) -> bool:
+    """A number that a 64-bit table holds."""
     try:
-        int(field)
+        return -2**63 <= int(field) < 2**63
     except ValueError:
         return False
-    return True
