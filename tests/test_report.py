@@ -129,6 +129,23 @@ def test_trace_of_a_directory_without_events_is_one_clear_error(tmp_path, capsys
     assert "no events in" in capsys.readouterr().err and not (tmp_path / "t.json").exists()
 
 
+@pytest.mark.parametrize("files, words", [
+    ({"rank0.jsonl": '{"x":'}, ["rank0.jsonl line 1 is not JSON"]),
+    ({"rank0.jsonl": '{"rank": 0, "name": "data", "start": 0.1, "end": 0.2}\n[1, 2]\n'}, ["rank0.jsonl line 2 lacks 'rank'"]),
+    ({"rank0.jsonl": '{"rank": 0, "name": "data", "start": 0.1, "end": 0.2}\n', "rank0.meta.json": "{"},
+     ["rank0.meta.json is not JSON"]),
+])
+def test_trace_of_events_that_partrain_did_not_write_is_one_clear_error(tmp_path, capsys, files, words):
+    ev = tmp_path / "ev"
+    ev.mkdir()
+    for name, text in files.items():
+        (ev / name).write_text(text)
+    assert main(["trace", str(ev), "-o", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and all(w in err.splitlines()[-1] for w in words), err
+    assert not (tmp_path / "t.json").exists()
+
+
 # ---- the report --------------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from partrain.atomic import write_atomic
+from partrain.errors import PartrainError
 
 _NULL = contextlib.nullcontext()
 
@@ -66,10 +67,29 @@ def read_events(directory: str | Path) -> list[dict]:
     """All ranks' events from a run's event directory, ordered by start time."""
     events = []
     for path in sorted(Path(directory).glob("rank*.jsonl")):  # not rank*.meta.json
-        events += [json.loads(line) for line in path.read_text().splitlines() if line]
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if line:
+                events.append(_record(path, line, ("rank", "name", "start", "end"), f"line {number}"))
     return sorted(events, key=lambda e: (e["start"], e["rank"]))
 
 
 def read_meta(directory: str | Path) -> dict[int, dict]:
     """Each rank's ``meta.json`` (clock anchor, host; rank 0 also the run's configuration)."""
-    return {int(m["rank"]): m for m in (json.loads(p.read_text()) for p in Path(directory).glob("rank*.meta.json"))}
+    metas = (_record(p, p.read_text(errors="replace"), ("rank",)) for p in Path(directory).glob("rank*.meta.json"))
+    return {int(m["rank"]): m for m in metas}
+
+
+def _record(path: Path, text: str, keys: tuple[str, ...], where: str = "") -> dict:
+    """One JSON object with ``keys``, or one line naming the file (and line) that is not one:
+    a file edited by hand, or another program's, is refused, not a traceback."""
+    try:
+        record = json.loads(text)
+    except ValueError as err:
+        record, reason = None, f"is not JSON ({err.msg})"
+    else:
+        missing = [k for k in keys if not isinstance(record, dict) or k not in record]
+        reason = f"lacks {missing[0]!r}" if missing else ""
+    if reason:
+        raise PartrainError(f"{path}{f' {where}' if where else ''} {reason}: not an event file that "
+                            "`partrain train --events` wrote; record the run again")
+    return record
