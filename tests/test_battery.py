@@ -90,6 +90,12 @@ CASES = [
     ("factory-bad-shapes", [*TRAIN, "--model", "tests.userfactory:bad_shapes"], {}, ["block 2", "(2, 32)"]),
     ("resume-missing", [*TRAIN, "--resume", "{tmp}/none"], {}, ["--resume"]),
     ("resume-corrupt-meta", [*TRAIN, "--resume", "{tmp}/ck"], {"ck/LATEST": "step-000001", "ck/step-000001/meta.json": "{not json"}, ["meta.json"]),
+    # predict and recommend check the data and the model before a minute of measuring collectives
+    ("predict-without-data", ["predict", "--workers", "2", "--data-dir", "{tmp}/nodata", "--profile-dir", "{tmp}/p"], {}, ["mnist test data not found"]),
+    ("recommend-model-that-raises", ["recommend", "--workers", "2", "--model", "tests.userfactory:raises", "--profile-dir", "{tmp}/p"], {},
+     ["raised ValueError", "width must be even"]),
+    ("predict-batch-beyond-the-data", ["predict", "--batch-size", "100000", "--profile-dir", "{tmp}/p"], {},
+     ["batch size 100000 exceeds the 60000 training samples of mnist"]),
     ("predict-workers-zero", ["predict", "--workers", "0", "--profile-dir", "{tmp}/p"], {}, ["--workers"]),
     # a local profile with more workers than the machine can run (it spawned them all, for minutes)
     ("recommend-workers-beyond-the-machine", ["recommend", "--workers", "100000", "--profile-dir", "{tmp}/p"], {}, ["--workers 100000", "--cluster"]),

@@ -34,10 +34,7 @@ def preflight(cfg: RunConfig) -> RunConfig:
     """Everything that can be checked without a process group, checked in the launcher;
     returns ``cfg`` as the workers should run it (a resume keeps its checkpoint's pipeline cut)."""
     spec = dataset_spec(cfg.dataset)
-    # reading the test split proves the files exist and parse (the train split is read by the workers)
-    test = load_dataset(cfg.dataset, "test", data_dir=cfg.data_dir, synthetic=cfg.synthetic, limit=2)
-    sample = test.get(torch.arange(len(test)))[0]  # token ids are int64, images float32
-    model = checked_model(cfg.model, spec.input_shape, spec.num_classes, cfg.model_options, input_dtype=sample.dtype)
+    model, sample = check_job(cfg.model, cfg.dataset, cfg.data_dir, cfg.synthetic, cfg.model_options)
     if cfg.dims.pp * cfg.stages_per_worker > 1:  # what the stages would send each other, or the tracer's verdict
         build = lambda: build_model(cfg.model, spec.input_shape, spec.num_classes, **cfg.model_options)  # noqa: E731
         check_pipeline(model, build, cfg, sample)
@@ -51,6 +48,19 @@ def preflight(cfg: RunConfig) -> RunConfig:
     if cfg.resume:
         cfg = checkpoint.resume_config(cfg, checkpoint.run_meta(cfg))
     return cfg
+
+
+def check_job(model: str, dataset: str, data_dir: str | None = None, synthetic: bool = False,
+              options: dict | None = None) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The dataset read and the model checked on it, in a moment: what ``train`` checks before
+    any worker starts, and ``predict``/``recommend`` before a minute of measuring (they timed
+    the collectives, then found the dataset missing). Returns the model (on the meta device
+    where it builds there) and a sample batch."""
+    spec = dataset_spec(dataset)
+    # reading the test split proves the files exist and parse (the train split is read by the workers)
+    test = load_dataset(dataset, "test", data_dir=data_dir, synthetic=synthetic, limit=2)
+    sample = test.get(torch.arange(len(test)))[0]  # token ids are int64, images float32
+    return checked_model(model, spec.input_shape, spec.num_classes, options or {}, input_dtype=sample.dtype), sample
 
 
 def check_machine(cfg: RunConfig) -> None:

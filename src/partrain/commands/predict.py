@@ -62,9 +62,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     )
     from partrain.report.tables import predictions_table
 
+    from partrain.runner import check_job
+
     run = RunOptions.from_args(args)
     for name in args.strategies or []:
         strategy_spec(name)  # an unknown name refused before anything is measured
+    check_job(args.model, args.dataset, args.data_dir, args.synthetic, model_options(args))
     if args.cluster:
         hw = load_cluster(args.cluster)
     else:

@@ -65,8 +65,11 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         recommendation_table,
     )
 
+    from partrain.runner import check_job
+
     console = Console(stderr=True)
     run = RunOptions.from_args(args)
+    check_job(args.model, args.dataset, args.data_dir, args.synthetic, model_options(args))  # before any measuring
     hw = load_cluster(args.cluster) if args.cluster else None
     workers = args.workers or (hw.nodes * hw.workers_per_node if hw else 1)
     if workers < 1:

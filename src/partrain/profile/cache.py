@@ -171,6 +171,12 @@ def load_or_profile(model: str, dataset: str, batch_sizes: list[int], threads: i
                     synthetic: bool = False, options: dict | None = None, refresh: bool = False,
                     run: RunOptions = RunOptions()) -> tuple[ModelProfile, Path, bool]:
     """The cached profile for this key, or a new one saved there. Returns (profile, path, reused)."""
+    from partrain.data import dataset_spec
+
+    rows = dataset_spec(dataset).train_size  # nominal: a partial copy is found short when it is read
+    if max(batch_sizes) > rows:  # refused before anything is measured, naming the batch asked for
+        raise PartrainError(f"batch size {max(batch_sizes)} exceeds the {rows} training samples of {dataset}: "
+                            "choose a smaller batch")
     path = profile_path(profile_dir(directory), model, dataset, batch_sizes, threads, synthetic, options, run)
     if path.is_file() and not refresh:
         try:
