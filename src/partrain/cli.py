@@ -116,8 +116,16 @@ def cmd_datasets(args: argparse.Namespace) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad usage is one line, as every other refusal is, with where the usage is explained
+    (argparse printed its whole usage block first: 25 lines for ``train --epochs nan``); exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"partrain: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="partrain",
         description="How should I parallelize this training job on this hardware, and how fast will it be? "
         "partrain trains with any strategy, benchmarks, predicts and recommends.",
