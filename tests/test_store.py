@@ -187,6 +187,12 @@ def test_results_table_shows_rows_and_reasons(store, capsys):
     assert results_view([]) is not None
 
 
+def test_results_of_a_suite_the_store_does_not_hold_names_those_it_holds(store, capsys):
+    store.record(cell(), HW, ok(cell(), 0.5), "t", None)
+    assert main(["results", "--store", str(store.path), "--suite", "nosuch"]) == 2
+    assert "no suite 'nosuch' in" in capsys.readouterr().err
+
+
 def test_results_without_a_store_is_one_line_and_creates_nothing(tmp_path, capsys):
     path = tmp_path / "none.sqlite"
     assert main(["results", "--store", str(path)]) == 2

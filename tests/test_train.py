@@ -69,6 +69,12 @@ def test_steps_limit_and_batch_accounting(data_dir):
     assert r.parameters == 235_146
 
 
+def test_steps_beyond_the_epochs_are_cut_and_said(data_dir, capsys):
+    r = train(data_dir, model="mlp", steps=50, limit=640, batch_size=64, evaluate=False)  # --epochs 1: 10 steps
+    assert len(r.step_losses) == 10
+    assert "note: --steps 50 stops at the end of --epochs 1: 10 steps (10 an epoch)" in capsys.readouterr().err
+
+
 def test_batch_larger_than_the_data_is_refused(data_dir):
     with pytest.raises(PartrainError, match="exceeds the 100 training samples"):
         train(data_dir, limit=100, batch_size=128)

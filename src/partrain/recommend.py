@@ -45,7 +45,10 @@ def parse_bytes(text: str) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).upper() not in _UNITS:
         raise PartrainError(f"cannot read {text!r} as a memory size: write e.g. 2GB, 512MB or 1073741824")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if size < 1:
+        raise PartrainError(f"a memory size must be more than 0 bytes, got {text!r}")
+    return size
 
 
 def gib(n: float) -> str:

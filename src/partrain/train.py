@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -151,6 +152,9 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
     if steps_per_epoch == 0:
         raise PartrainError(f"batch size {cfg.batch_size} exceeds the {len(train_set)} training samples: use a smaller --batch-size")
     total_steps = min(cfg.epochs * steps_per_epoch, cfg.steps or math.inf)
+    if cfg.steps and cfg.steps > total_steps and ctx.rank == 0:  # said, not silently fewer
+        print(f"note: --steps {cfg.steps} stops at the end of --epochs {cfg.epochs}: {total_steps} steps "
+              f"({steps_per_epoch} an epoch); raise --epochs to run them all", file=sys.stderr)
 
     # --- model: the same seed on every worker gives the same initial weights everywhere
     load_factory(cfg.model)  # a user's module imported before the seed: what its import draws shifts no weights

@@ -61,6 +61,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 import re
 import tomllib
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ from pathlib import Path
 from partrain.bench.cell import Cell, _micro_batched
 from partrain.config import PRECISIONS
 from partrain.data import dataset_spec
+from partrain.distributed.spawn import MAX_PER_CORE
 from partrain.errors import PartrainError
 from partrain.models import list_models
 from partrain.spec import SPECS
@@ -267,10 +269,14 @@ def _check_nodes(source: str, fields: dict) -> None:
 
 def _check_names(source: str, fields: dict) -> None:
     for model in fields["models"]:
-        if model not in list_models() and ":" not in model:
+        module, colon, factory = model.partition(":")
+        if model not in list_models() and not (colon and module and factory):
             raise PartrainError(
                 f"{source}: unknown model {model!r}; choose from {', '.join(list_models())} or give package.module:factory"
             )
+    threads, most = fields.get("threads", 1), MAX_PER_CORE * (os.cpu_count() or 1)
+    if threads > most:  # every cell would be refused and stored as skipped
+        raise PartrainError(f"{source}: threads = {threads} on a machine with {os.cpu_count()} cores: at most {most}")
     for dataset in fields.get("datasets", ()):
         try:
             dataset_spec(dataset)

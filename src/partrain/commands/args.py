@@ -28,7 +28,10 @@ def float_list(text: str) -> list[float]:
 
 
 def str_list(text: str) -> list[str]:
-    return [v.strip() for v in text.split(",") if v.strip()]
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values:  # "--strategies ,," meant every strategy, silently
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return values
 
 
 STORE_HELP = "results store, an SQLite file (default: $PARTRAIN_STORE, else ~/.partrain/results.sqlite)"

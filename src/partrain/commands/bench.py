@@ -103,7 +103,10 @@ def cmd_results(args: argparse.Namespace) -> int:
         rows = store.rows()
         path = store.path
     if args.suite:
+        names = sorted({r["suite"] for r in rows})
         rows = [r for r in rows if r["suite"] == args.suite]
+        if not rows:  # a misspelt name printed an empty table
+            raise PartrainError(f"no suite {args.suite!r} in {path}: it holds {', '.join(names) or 'no cells'}")
     if args.format == "table":
         print_rows(rows, f"{len(rows)} cells in {path}; * = extrapolated epoch", args.output)
     else:

@@ -70,6 +70,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     run = RunOptions.from_args(args)
     check_job(args.model, args.dataset, args.data_dir, args.synthetic, model_options(args))  # before any measuring
+    limit = parse_bytes(args.memory_limit) if args.memory_limit else None
+    if args.run and args.cluster:
+        raise PartrainError("--run trains the pick on this machine, which --cluster does not describe: a measurement "
+                            "here says nothing of the prediction there; run the printed command on that cluster")
     hw = load_cluster(args.cluster) if args.cluster else None
     workers = args.workers or (hw.nodes * hw.workers_per_node if hw else 1)
     if workers < 1:
@@ -96,7 +100,6 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         used.append(profile)
         return profile
 
-    limit = parse_bytes(args.memory_limit) if args.memory_limit else None
     rec = recommend(profile_for, hw, workers, args.batch_size, limit, args.objective, args.threads, args.include_async)
     rec.data_dir, rec.profile_seconds, rec.profile_reused = args.data_dir, time.perf_counter() - start, not profiled
     prov = provenance(used[-1], hw, args.cluster)

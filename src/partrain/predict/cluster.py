@@ -81,6 +81,11 @@ def load_cluster(path: str | os.PathLike) -> HardwareProfile:
     if nodes > 1:
         links["inter"] = _link(data.get("inter"), "inter", str(path))
     backend = cluster.get("backend", "nccl")
+    shared = cluster.get("shared_memory", backend == "gloo")
+    if not isinstance(shared, bool):  # bool("no") is True
+        raise PartrainError(f"{where}: shared_memory must be true or false, got {shared!r}")
+    if not isinstance(cluster.get("name", ""), str):
+        raise PartrainError(f"{where}: name must be a string, got {cluster['name']!r}")
     return HardwareProfile(
         fingerprint=f"cluster:{path.name}",
         description=str(cluster.get("name", path.stem)),
@@ -89,7 +94,7 @@ def load_cluster(path: str | os.PathLike) -> HardwareProfile:
         workers_per_node=per_node,
         cores_per_node=int(_number(cluster, "cores_per_node", where, default=10**6, integer=True)),
         device_memory_bytes=int(_number(cluster, "device_memory_gb", where) * _GB),
-        shared_memory=bool(cluster.get("shared_memory", backend == "gloo")),
+        shared_memory=shared,
         compute_speed=_number(cluster, "compute_speed", where, default=1.0),
         links=links,
         source=str(path),
