@@ -55,6 +55,25 @@ def test_resume_refuses_another_configuration(data_dir, tmp_path):
         train(data_dir, model="cnn", steps=2, limit=256, resume=str(ckpt), evaluate=False)
 
 
+def test_resume_tells_a_damaged_file_and_a_finished_run_from_a_mismatch(data_dir, tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    kw = dict(model="mlp", limit=640, batch_size=64, evaluate=False)
+    train(data_dir, epochs=2, checkpoint=str(ckpt), **kw)
+    again = train(data_dir, epochs=1, resume=str(ckpt), **kw)  # the checkpoint is past this run's end
+    assert len(again.step_losses) == 20 and "nothing to train" in capsys.readouterr().err
+    (ckpt / "step-000020" / "rank0.pt").write_text("junk")
+    with pytest.raises(PartrainError, match="rank0.pt is unreadable .*the file is damaged"):
+        train(data_dir, epochs=3, resume=str(ckpt), **kw)
+
+
+def test_resume_refuses_another_pipeline_cut(data_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    kw = dict(model="cnn", strategy="gpipe", workers=2, limit=256, batch_size=64, evaluate=False, threads=1)
+    train(data_dir, steps=2, checkpoint=str(ckpt), split_points=[1], **kw)
+    with pytest.raises(PartrainError, match="written with --split-points 1, this run asks for 2"):
+        train(data_dir, steps=4, epochs=2, resume=str(ckpt), split_points=[2], **kw)
+
+
 def test_cifar10_sample_lowers_its_loss(data_dir):
     r = train(data_dir, model="cnn", dataset="cifar10", epochs=2, batch_size=32, limit=1024, eval_limit=200)
     first, last = sum(r.step_losses[:8]) / 8, sum(r.step_losses[-8:]) / 8

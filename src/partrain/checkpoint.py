@@ -169,8 +169,13 @@ def resume_config(cfg: RunConfig, meta: dict) -> RunConfig:
     if changed:
         print(f"partrain: resuming with {', '.join(changed)} (lr, momentum and weight decay applied to the restored "
               "optimizer)", file=sys.stderr)
-    if cfg.split_points is None and saved.get("split_points"):
-        cfg = cfg.replace(split_points=list(saved["split_points"]))  # the same cut, so each rank's state fits
+    cut = list(saved.get("split_points") or [])
+    if cut and cfg.split_points is not None and list(cfg.split_points) != cut:
+        raise PartrainError(f"checkpoint in {cfg.resume} was written with --split-points {','.join(map(str, cut))}, "
+                            f"this run asks for {','.join(map(str, cfg.split_points))}: each rank's file holds its "
+                            "stage of that cut; resume without --split-points (the checkpoint's cut is kept)")
+    if cut and cfg.split_points is None:
+        cfg = cfg.replace(split_points=cut)  # the same cut, so each rank's state fits
     return cfg
 
 
@@ -185,6 +190,12 @@ def load(directory: str | Path, stepper: Stepper, rank: int, cfg: RunConfig) -> 
     path = step_dir / f"rank{rank}.pt"
     try:
         state = torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise PartrainError(f"no checkpoint for rank {rank} in {step_dir}: the set is incomplete") from None
+    except Exception as err:  # noqa: BLE001 - torch.load's errors for a truncated or overwritten file vary
+        raise PartrainError(f"checkpoint {path} is unreadable ({type(err).__name__}): the file is damaged; "
+                            "resume from another checkpoint or start afresh") from None
+    try:
         with torch.no_grad():
             for key, target in stepper.state_modules().state_dict().items():
                 (target.to_local() if isinstance(target, DTensor) else target).copy_(state["model"][key])
@@ -192,8 +203,6 @@ def load(directory: str | Path, stepper: Stepper, rank: int, cfg: RunConfig) -> 
         stepper.amp.load_state_dict(state.get("scaler", {}))
         torch.set_rng_state(state["rng"])
         position = state["position"]
-    except FileNotFoundError:
-        raise PartrainError(f"no checkpoint for rank {rank} in {step_dir}: the set is incomplete") from None
     except Exception as err:  # noqa: BLE001 - unreadable, a missing key, a wrong shape: the same problem to the user
         reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
         raise PartrainError(f"checkpoint {path} does not fit this run ({type(err).__name__}: {reason}); "

@@ -184,6 +184,9 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
         start_epoch, start_step, done = pos["epoch"], pos["step"], pos["global_step"]
         result.step_losses = list(pos["step_losses"])
         result.epochs = [EpochResult(**e) for e in pos["epochs"]]
+        if done >= total_steps and ctx.rank == 0:  # the summary below is the checkpoint's, not a new run's
+            print(f"note: the checkpoint is at step {done}, which this run ends at or before ({total_steps} steps): "
+                  "nothing to train; raise --epochs or --steps to go on", file=sys.stderr)
 
     progress = StepProgress(show_progress, total_steps, done, label=f"{cfg.model}/{cfg.dataset} {cfg.strategy} x{ctx.world_size}")
     with progress:
