@@ -180,6 +180,22 @@ def test_a_stopped_worker_is_the_rank_named(data_dir, tmp_path):
     assert err.strip().splitlines()[-1].startswith("partrain: error: worker rank 1 stopped responding")
 
 
+def test_a_worker_that_waits_too_long_says_so_without_blaming_itself(data_dir, monkeypatch, capsys):
+    """Rank 1's model sleeps in a step; rank 0 times out in the allreduce. Before, rank 0 was
+    named as failed, with its traceback; now one line says it waited, exit status 1."""
+    from partrain.cli import main
+
+    monkeypatch.setenv("PARTRAIN_DATA_DIR", str(data_dir))
+    argv = ["train", "--model", "tests.userfactory:slow_rank1", "--strategy", "ddp", "--workers", "2", "--threads", "1",
+            "--limit", "640", "--batch-size", "64", "--no-eval", "--timeout", "3", "--quiet"]
+    started = time.monotonic()
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert err.startswith("partrain: error: worker rank 0 waited longer than --timeout 3 s for another worker")
+    assert time.monotonic() - started < 50  # the sleeper was stopped, not waited for
+
+
 def test_two_bench_runs_on_one_store_lose_nothing_and_store_each_cell_once(data_dir, tmp_path):
     import sqlite3
 

@@ -1,5 +1,8 @@
 """User model factories for tests/test_models.py, imported by spec as 'tests.userfactory:<name>'."""
 
+import os
+import time
+
 import torch
 import torch.nn as nn
 
@@ -102,3 +105,22 @@ def batchnorm(input_shape, num_classes):
     """BatchNorm1d trains on no batch of one sample (a last batch of one, or --batch-size 1)."""
     return nn.Sequential(nn.Flatten(), nn.Linear(int(torch.tensor(input_shape).prod()), 16), nn.BatchNorm1d(16),
                          nn.ReLU(), nn.Linear(16, num_classes))
+
+
+class SleepsOnRank1(nn.Module):
+    """Rank 1 sleeps in its third forward: its peers give up waiting for it (``--timeout``)."""
+
+    def __init__(self, features, num_classes):
+        super().__init__()
+        self.fc = nn.Linear(features, num_classes)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if os.environ.get("RANK") == "1" and self.calls == 3:
+            time.sleep(60)
+        return self.fc(x.flatten(1))
+
+
+def slow_rank1(input_shape, num_classes):
+    return SleepsOnRank1(int(torch.tensor(input_shape).prod()), num_classes)

@@ -35,3 +35,10 @@ class PeerLeft(PartrainError):
     backend's traceback, and exit status 1: it is no bad input of this worker's."""
 
     exit_status = 1
+
+
+class WaitedTooLong(PartrainError):
+    """A worker gave up waiting for another (``--timeout``): the other is slow or stuck, and
+    which one this worker cannot tell. One line, exit status 1: no bad input of the user's."""
+
+    exit_status = 1

@@ -20,7 +20,7 @@ from partrain.config import RunConfig
 from partrain.data import dataset_spec, load_dataset
 from partrain.distributed.launch import LaunchInfo, detect_launcher, peer_left
 from partrain.distributed.spawn import MAX_PER_CORE, check_local_workers, spawn
-from partrain.errors import PartrainError, PeerLeft
+from partrain.errors import PartrainError, PeerLeft, WaitedTooLong, causes
 from partrain.models import build_model
 from partrain.models.check import checked_model
 from partrain.models.registry import raised_by_model
@@ -89,7 +89,8 @@ def _worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool, on_epoch: Epo
     try:
         return train_worker(cfg, info, show_progress, on_epoch)
     except Exception as err:  # noqa: BLE001 - translated below, or raised again as it is
-        line = out_of_memory(err, cfg) or raised_by_model(err, cfg.model, "training") or left_behind(err, info)
+        line = (out_of_memory(err, cfg) or raised_by_model(err, cfg.model, "training") or left_behind(err, info)
+                or waited_too_long(err, cfg, info))
         if line is None:
             raise
         raise line from err
@@ -103,6 +104,19 @@ def left_behind(err: BaseException, info: LaunchInfo) -> PeerLeft | None:
         return None
     return PeerLeft(f"worker rank {info.rank} stopped: another worker left the job ({said}); "
                     "the first worker to fail says why (--debug shows this one's traceback)")
+
+
+def waited_too_long(err: BaseException, cfg: RunConfig, info: LaunchInfo) -> WaitedTooLong | None:
+    """The one line of a worker whose collective or message timed out (``--timeout``): the
+    worker that timed out is the one that waited, not the slow one (an audit: a model that
+    slept on rank 1 got rank 0 named, with rank 0's traceback)."""
+    said = next((str(e).splitlines()[0] for e in causes(err) if isinstance(e, RuntimeError)
+                 and any(w in str(e) for w in ("Timed out waiting", "timed out", "Timeout"))), None)
+    if said is None:
+        return None
+    return WaitedTooLong(f"worker rank {info.rank} waited longer than --timeout {cfg.timeout_s:g} s for another "
+                         f"worker ({said[-120:]}): one that is slow (a long step, code that blocks) or stuck holds "
+                         "the others; raise --timeout, or find where it waits (--debug shows this one's traceback)")
 
 
 def out_of_memory(err: BaseException, cfg: RunConfig) -> PartrainError | None:

@@ -121,8 +121,8 @@ def _worker(index: int, entrypoint: Callable, args: tuple, nprocs: int, run_dir:
     except PartrainError as err:  # bad input found by a worker: one line, exit status 2
         if os.environ.get(DEBUG_ENV) and err.__cause__ is not None:  # `partrain --debug`: what lies behind it
             traceback.print_exception(err.__cause__, file=sys.stderr)
-        _report(out, index, user=True, message=str(err))
-        sys.exit(PartrainError.exit_status)
+        _report(out, index, user=True, message=str(err), status=err.exit_status)
+        sys.exit(err.exit_status)
     except BaseException as err:  # a crash keeps its traceback, on this worker's stderr
         if not _user_error_from_a_peer(out):  # not when a peer found bad input and quit, cutting this one off
             print(f"partrain: worker rank {index} crashed:\n{traceback.format_exc()}", file=sys.stderr)
@@ -135,10 +135,10 @@ def _worker(index: int, entrypoint: Callable, args: tuple, nprocs: int, run_dir:
     tmp.rename(out / f"result{index}.pkl")
 
 
-def _report(run_dir: Path, rank: int, user: bool, message: str) -> None:
+def _report(run_dir: Path, rank: int, user: bool, message: str, status: int = 1) -> None:
     """Leave this worker's error for the launcher and its peers, whole or not at all."""
     tmp = run_dir / f"error{rank}.tmp"
-    tmp.write_text(json.dumps({"user": user, "message": message}))
+    tmp.write_text(json.dumps({"user": user, "message": message, "status": status}))
     tmp.rename(run_dir / f"error{rank}.json")
 
 
@@ -242,7 +242,9 @@ def _failure(run_dir: Path, rank: int, code: int, stopped: list[int]) -> Partrai
     if report.exists():
         error = _read_report(report)
         if error["user"]:
-            return PartrainError(error["message"])
+            told = PartrainError(error["message"])
+            told.exit_status = error.get("status", PartrainError.exit_status)  # 1 for a worker that waited too long
+            return told
         reason = error["message"][:300]
     elif code < 0:
         reason = f"killed by {signal.Signals(-code).name}"

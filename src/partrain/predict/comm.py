@@ -14,7 +14,8 @@ all-reduce algorithms for clusters of workstations", JPDC 2009), for n bytes on 
 - an FSDP unit's step (``fsdp_unit``): its two all-gathers (forward, backward) and its
   reduce-scatter, 3(p-1) steps, 3(p-1)/p x n.
 
-A group spanning nodes is limited by the slower inter-node link.
+A group spanning nodes is limited by the inter-node link, or by the link within a node where
+that is the slower one and the group holds several ranks of a node.
 """
 
 from __future__ import annotations
@@ -97,7 +98,14 @@ def collective_time(hw: HardwareProfile, name: str, nbytes: float, ranks: list[i
     p = len(ranks)
     if p <= 1 or nbytes <= 0:
         return 0.0
-    return _fit_for(hw, name, p, tier_of(hw, ranks)).time(nbytes)
+    tier = tier_of(hw, ranks)
+    seconds = _fit_for(hw, name, p, tier).time(nbytes)
+    nodes = [node_of(hw, r) for r in ranks]
+    if tier == "inter" and not hw.collectives.get("inter") and len(set(nodes)) < p:
+        # a cluster file's ring over nodes with several ranks on a node crosses the link within
+        # the node too: the slower of the two paces it (PCIe within, InfiniBand between, say)
+        seconds = max(seconds, hw.links["intra"].scaled(*algorithm_factors(name, p)).time(nbytes))
+    return seconds
 
 
 def transfer_time(hw: HardwareProfile, nbytes: float, src: int, dst: int) -> float:
