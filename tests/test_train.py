@@ -34,6 +34,9 @@ def test_resume_gives_the_same_result_as_not_stopping(data_dir, tmp_path):
     resumed = train(data_dir, resume=str(ckpt), **kw)
     assert resumed.step_losses == straight.step_losses
     assert resumed.test_accuracy == straight.test_accuracy
+    # epoch 2, begun before the stop and ended after it, is one entry (it was two)
+    assert [(e.epoch, e.steps) for e in resumed.epochs] == [(e.epoch, e.steps) for e in straight.epochs] == [(1, 10), (2, 10), (3, 10)]
+    assert resumed.epochs[1].train_loss == pytest.approx(straight.epochs[1].train_loss)
 
 
 def test_a_checkpoint_removes_only_the_sets_it_wrote(data_dir, tmp_path):

@@ -208,6 +208,11 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
             losses = world_mean_losses(stepper, local_losses, ctx.device).tolist()
             result.step_losses += losses
             ep = EpochResult(epoch + 1, len(losses), statistics.fmean(losses), seconds, len(losses) * cfg.batch_size / seconds)
+            if result.epochs and result.epochs[-1].epoch == ep.epoch:  # the rest of an epoch the checkpoint began
+                before = result.epochs.pop()
+                steps, seconds = before.steps + ep.steps, before.seconds + ep.seconds
+                ep = EpochResult(ep.epoch, steps, statistics.fmean(result.step_losses[-steps:]), seconds,
+                                 steps * cfg.batch_size / seconds)
             if test_feed is not None and (finished or done >= total_steps):
                 ep.test_loss, ep.test_accuracy = evaluate(stepper, test_feed, cfg.batch_size, ctx.device)
             result.epochs.append(ep)
