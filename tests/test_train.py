@@ -88,6 +88,8 @@ def test_steps_limit_and_batch_accounting(data_dir):
     r = train(data_dir, model="mlp", steps=7, limit=1000, batch_size=100, evaluate=False)
     assert len(r.step_losses) == len(r.step_seconds) == 7
     assert r.epochs[0].steps == 7 and r.epochs[0].test_accuracy is None
+    s = r.summary()  # 7 of the epoch's 10 steps: the epoch is the median step times 10, and says so
+    assert s["epoch_extrapolated"] and s["seconds_per_epoch"] == pytest.approx(10 * s["seconds_per_step"])
     assert r.parameters == 235_146
 
 

@@ -62,7 +62,7 @@ def summary_line(result) -> str:
     if s["final_loss"] is not None:
         parts.append(f"final loss {s['final_loss']:.4f}")
     if s["seconds_per_epoch"] is not None:
-        parts.append(f"{s['seconds_per_epoch']:.1f} s/epoch")
+        parts.append(f"{s['seconds_per_epoch']:.1f} s/epoch" + (" (extrapolated)" if s["epoch_extrapolated"] else ""))
     if s["seconds_per_step"]:
         parts.append(f"{s['seconds_per_step'] * 1e3:.2f} ms/step, {s['samples_per_s']:,.0f} samples/s")
     return ", ".join(parts)

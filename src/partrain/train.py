@@ -90,6 +90,7 @@ class RunResult:
     peak_memory_per_worker: list[int] = field(default_factory=list)
     version: str = __version__
     stopped_early: bool = False  # an ``on_epoch`` hook asked to stop (a pruned sweep trial)
+    steps_per_epoch: int = 0  # of the training split at this batch (the last partial batch dropped)
 
     @property
     def test_accuracy(self) -> float | None:
@@ -106,8 +107,16 @@ class RunResult:
             "steps": len(self.step_losses),
             "seconds_per_step": median,
             "samples_per_s": batch / median if median else None,
-            "seconds_per_epoch": statistics.mean(e.seconds for e in self.epochs) if self.epochs else None,
+            **self._epoch_seconds(median),
         }
+
+    def _epoch_seconds(self, median: float | None) -> dict:
+        """Seconds an epoch: the mean of the whole epochs run, else (a run of a few --steps: a
+        tenth of an epoch read '0.2 s/epoch') the median step times the epoch's steps, said so."""
+        whole = [e.seconds for e in self.epochs if e.steps == self.steps_per_epoch]
+        if whole or not (median and self.steps_per_epoch):
+            return {"seconds_per_epoch": statistics.mean(whole) if whole else None, "epoch_extrapolated": False}
+        return {"seconds_per_epoch": median * self.steps_per_epoch, "epoch_extrapolated": True}
 
     def to_dict(self) -> dict:
         return {**asdict(self), "summary": self.summary()}
@@ -172,7 +181,8 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
     train_feed = Feed(train_set, ctx.device, cfg.channels_last)
     test_feed = Feed(test_set, ctx.device, cfg.channels_last) if test_set is not None else None
     part = getattr(stepper, "partition", None)
-    result = RunResult(cfg.to_dict(), ctx.world_size, ctx.backend, threads, count_parameters(model))
+    result = RunResult(cfg.to_dict(), ctx.world_size, ctx.backend, threads, count_parameters(model),
+                       steps_per_epoch=steps_per_epoch)
     if part is not None:
         result.partition, result.split_points = describe(part, getattr(stepper, "cut_blocks", blocks)), part.split_points
 
