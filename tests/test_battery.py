@@ -117,6 +117,8 @@ CASES = [
      ["--run", "--cluster"]),
     ("recommend-memory-limit-zero", ["recommend", "--memory-limit", "0", "--profile-dir", "{tmp}/p"], {}, ["more than 0 bytes"]),
     ("predict-strategies-empty", ["predict", "--strategies", ",,", "--profile-dir", "{tmp}/p"], {}, ["--strategies", "expected comma-separated names"]),
+    ("cluster-json-of-another-program", ["predict", "--cluster", "{tmp}/c.json", "--profile-dir", "{tmp}/p"], {"c.json": '{"a": 1}'},
+     ["is not a hardware profile partrain can use", "examples/cluster.toml"]),
     ("scale-unknown-strategy", ["scale", "strong", "--strategies", "ddp,warp", "--store", "{tmp}/s.sqlite"], {}, ["warp"]),
     ("suite-infinite-lr", ["bench", "{tmp}/s.toml", "--store", "{tmp}/s.sqlite"], {"s.toml": SUITE + "lrs = [inf]\n"}, ["lrs"]),
     ("suite-huge-batch", ["bench", "{tmp}/s.toml", "--store", "{tmp}/s.sqlite"], {"s.toml": SUITE + "batch_sizes = [1000000000000]\n"}, ["batch"]),

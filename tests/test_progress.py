@@ -27,6 +27,24 @@ def test_cell_progress_in_a_log_names_the_cell_the_count_left_and_an_eta(capsys)
     assert "3 cells: 3 skipped" in err
 
 
+def test_cells_measured_before_leave_the_count_and_the_eta(capsys):
+    """A resumed suite: two cells measured before, then two to run. The count and the ETA are
+    over the cells that run (the ETA read 0 s, the measured cells counted as instant)."""
+    cells = [Cell("mlp", "mnist", "serial", 1, b, None, 0.01) for b in (16, 32, 64, 128)]
+    with CellProgress(len(cells), True) as progress:
+        for i, cell in enumerate(cells):
+            if i < 2:
+                progress.end(cell, None)
+                continue
+            progress.begin(cell)
+            progress.end(cell, Outcome("skipped", "not here"))
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("[")]
+    assert lines == ["[1/2, 1 left after it] mlp/mnist serial x1 b64 lr0.01", lines[1]]
+    assert lines[1].startswith("[2/2, 0 left after it, ETA ")
+    assert err.count("measured before") == 2 and "4 cells: 2 measured, 2 skipped" in err
+
+
 def test_stdout_keeps_its_order_among_stderr_in_one_file(data_dir, tmp_path):
     """train --trace prints the run's summary (stdout), then what it wrote (stderr): in that
     order also when both are one file, where stdout would otherwise be held in a block buffer."""

@@ -93,10 +93,10 @@ def run_cells(cells: list[Cell], store: Store, *, suite_name: str, data_dir: str
         for cell in cells:
             key = cell.key(hardware.hash)
             keys.append(key)
-            progress.begin(cell)
             if not force and store.measured(key):
                 progress.end(cell, None)
                 continue
+            progress.begin(cell)
             if cell.nodes and (failed := nodes.ensure_link_profile(cell, run_processes, link_profile_mb, timeout,
                                                                    profile_dir, progress.refresh)):
                 progress.console.print(f"partrain: {failed}; its cells run, validate cannot predict them")
@@ -363,7 +363,7 @@ class CellProgress:
             return
         self.bar.stop()
         summary = ", ".join(f"{n} {status}" for status, n in self.counts.items())
-        self.console.print(f"{self.bar.tasks[0].completed:.0f} cells: {summary}")
+        self.console.print(f"{sum(self.counts.values())} cells: {summary}")
 
     def begin(self, cell: Cell) -> None:
         if not self.enabled:
@@ -395,5 +395,8 @@ class CellProgress:
         else:
             detail = outcome.reason or ""
         self.console.print(Text.assemble((f"{status:<8}", self._STYLE[status]), f" {cell.label}: {detail}"))
-        self.bar.advance(self.task)
+        if outcome is None:  # nothing to run: out of the count the ETA is reckoned over (it read 0 s on a resume)
+            self.bar.update(self.task, total=self.bar.tasks[0].total - 1)
+        else:
+            self.bar.advance(self.task)
         self.bar.refresh()

@@ -54,7 +54,14 @@ def load_cluster(path: str | os.PathLike) -> HardwareProfile:
     cluster measured for real, e.g. across nodes under torchrun."""
     path = Path(path)
     if path.suffix == ".json":
-        return HardwareProfile.load(path) if path.is_file() else _missing(path)
+        if not path.is_file():
+            _missing(path)
+        try:
+            return HardwareProfile.load(path)
+        except PartrainError as err:  # the load's fix ("delete it") is for partrain's cache, not a file the user named
+            raise PartrainError(f"--cluster {path} is not a hardware profile partrain can use "
+                                f"({str(err).removesuffix(': delete it or profile again')}): give a cluster TOML "
+                                "(examples/cluster.toml) or a profile that `partrain profile --hardware` wrote") from None
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
