@@ -125,6 +125,8 @@ CASES = [
     ("suite-model-without-factory", ["bench", "{tmp}/s.toml", "--store", "{tmp}/s.sqlite"], {"s.toml": SUITE.replace('"mlp"', '"mlp:"')}, ["unknown model 'mlp:'"]),
     ("suite-threads-beyond-the-machine", ["bench", "{tmp}/s.toml", "--store", "{tmp}/s.sqlite"], {"s.toml": SUITE + "threads = 100000\n"}, ["threads = 100000"]),
     ("suite-not-utf8", ["bench", "{tmp}/s.toml", "--store", "{tmp}/s.sqlite"], {"s.toml": b"name = \"\xff\xfe\"\n"}, ["UTF-8"]),
+    ("store-is-a-folder", ["results", "--store", "{tmp}"], {}, ["is a directory", "results.sqlite"]),
+    ("store-under-a-file", ["bench", "{tmp}/s.toml", "--store", "{tmp}/f.txt/s.sqlite"], {"s.toml": SUITE, "f.txt": "x"}, ["is a file, not a folder"]),
     ("store-of-another-program", ["results", "--store", "{tmp}/other.sqlite"], {"other.sqlite": "SQLITE:other"}, ["not a partrain results store"]),
     # output paths: refused before any work, whatever the command (audit of session 41)
     ("save-model-is-a-device", [*TRAIN, "--save-model", "/dev/null"], {}, ["--save-model /dev/null", "not a regular file"]),

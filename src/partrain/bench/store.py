@@ -141,6 +141,12 @@ class Store:
 
     def __init__(self, path: str | os.PathLike | None = None, create: bool = True):
         self.path = Path(path).expanduser() if path is not None else default_store_path()
+        if path is not None and str(path) == "":
+            raise PartrainError("--store needs a file name, e.g. results.sqlite")
+        if self.path.is_dir():
+            raise PartrainError(f"results store {self.path} is a directory: give a file, e.g. {self.path / 'results.sqlite'}")
+        if blocker := next((a for a in self.path.parents if a.exists() and not a.is_dir()), None):
+            raise PartrainError(f"results store {self.path}: {blocker} is a file, not a folder")
         if not create and not self.path.is_file():
             raise PartrainError(f"no results store at {self.path}: run `partrain bench` first, or pass --store PATH")
         try:
