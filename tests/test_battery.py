@@ -45,6 +45,9 @@ def _idx_pair(folder: Path, prefix: str, rows: int, cols: int, count: int = 4) -
 CASES = [
     ("argument-of-the-wrong-type", ["train", "--epochs", "nan"], {}, ["argument --epochs: invalid int value: 'nan'", "partrain train --help"]),
     ("argument-missing-its-value", ["predict", "--workers"], {}, ["--workers: expected one argument"]),
+    ("scratch-hidden-negative", [*TRAIN, "--engine", "scratch", "--hidden", "-5"], {}, ["--hidden", "got -5"]),
+    ("scratch-events-is-a-file", [*TRAIN, "--engine", "scratch", "--events", "{tmp}/f.txt"], {"f.txt": "x"}, ["--events", "a file is in the way"]),
+    ("scratch-trace-is-a-folder", [*TRAIN, "--engine", "scratch", "--trace", "{tmp}"], {}, ["--trace", "is a directory"]),
     ("lr-nan", [*TRAIN, "--lr", "nan"], {}, ["--lr"]),
     ("lr-inf", [*TRAIN, "--lr", "inf"], {}, ["--lr"]),
     ("lr-zero", [*TRAIN, "--lr", "0"], {}, ["--lr"]),

@@ -182,6 +182,21 @@ def test_a_stopped_worker_is_the_rank_named(data_dir, tmp_path):
     assert err.strip().splitlines()[-1].startswith("partrain: error: worker rank 1 stopped responding")
 
 
+def test_interrupting_a_scratch_run_stops_its_workers_at_once(data_dir, tmp_path):
+    """The scratch engine's workers are spawned as train's are: SIGTERM stops them now (they
+    trained on to the end of the run, 33 s, before)."""
+    proc = _start(["train", "--engine", "scratch", "--strategy", "ddp", "--workers", "2", "--epochs", "50",
+                   "--batch-size", "16"], data_dir, tmp_path)
+    workers = _workers(proc.pid, 2)
+    time.sleep(3.0)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and err.strip() == "partrain: interrupted"
+    time.sleep(0.5)
+    assert not any(_alive(w) for w in workers)
+    assert not [p for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]
+
+
 def test_a_worker_that_waits_too_long_says_so_without_blaming_itself(data_dir, monkeypatch, capsys):
     """Rank 1's model sleeps in a step; rank 0 times out in the allreduce. Before, rank 0 was
     named as failed, with its traceback; now one line says it waited, exit status 1."""

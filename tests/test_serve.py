@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import socket
 import shutil
 import subprocess
 import threading
@@ -154,11 +155,29 @@ def test_predict_reads_a_drawn_digit_as_the_model_reads_the_image(server, data_d
     (json.dumps({"width": 10, "height": 10, "ink": base64.b64encode(b"\0" * 99).decode()}).encode(), {}, 400, "not width x height"),
     (json.dumps({"width": 5000, "height": 1, "ink": ""}).encode(), {}, 400, "outside 1..1024"),
     (b"x", {"Content-Length": str(64 * 2**20)}, 413, "at most"),
+    (b'{"width": Infinity, "height": 1, "ink": ""}', {}, 400, "OverflowError"),  # dropped the connection, before
+    (b"[" * 100_000 + b"]" * 100_000, {}, 400, "RecursionError"),
 ])
 def test_bad_requests_are_refused_with_a_reason(server, body, headers, status, message):
     code, data = _request(server[1], "POST", "/predict", body, headers)
     assert code == status and message in json.loads(data)["error"]
     assert _request(server[1], "GET", "/nonesuch")[0] == 404
+
+
+def test_a_client_that_sends_nothing_does_not_hold_the_page_for_others(server):
+    """One idle connection held the single-threaded server for everyone, for as long as it
+    stayed open; requests are served side by side now, and an idle one is dropped."""
+    idle = socket.create_connection(("127.0.0.1", server[1]))
+    try:
+        assert _request(server[1], "GET", "/info")[0] == 200
+    finally:
+        idle.close()
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_a_port_out_of_range_is_one_line(mnist_model, capsys, port):
+    assert main(["serve", "--model-file", str(mnist_model), "--port", port]) == 2
+    assert "a port is 0 to 65535" in capsys.readouterr().err
 
 
 # ---- the page, in a real browser ---------------------------------------------------------------

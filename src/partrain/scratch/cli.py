@@ -14,6 +14,7 @@ import tempfile
 from partrain.errors import PartrainError
 
 # train options the scratch engine does not have, with their "not given" value
+MAX_WIDTH = 65536  # a hidden layer's width: 784 x 65536 float64 weights and their gradients are 0.8 GB already
 _TORCH_ONLY = {"pp": None, "dp": None, "schedule": None, "recompute": False, "split_points": None,
                "checkpoint": None, "resume": None, "save_model": None, "stages_per_worker": 1,
                "precision": "fp32", "channels_last": False, "compile": False}  # --dtype is the scratch engine's numerics
@@ -51,6 +52,8 @@ def config_from_args(args: argparse.Namespace):
         if getattr(args, name) != unset:
             raise PartrainError(f"--{name.replace('_', '-')} is an option of the torch engine; "
                                 "leave it out with --engine scratch")
+    if args.hidden is not None and not all(0 < width <= MAX_WIDTH for width in args.hidden):
+        raise PartrainError(f"--hidden takes layer widths from 1 to {MAX_WIDTH}, got {','.join(map(str, args.hidden))}")
     every = args.average_every
     if every != "epoch":
         try:
@@ -74,6 +77,13 @@ def phases_line(result) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from partrain.outputs import check_dir
+    from partrain.report.commands import check_trace_outputs
+
+    if args.events is not None:  # where it writes, checked before it trains (as the torch engine's)
+        check_dir("--events", args.events)
+    if args.trace:
+        check_trace_outputs(args.trace, args, "--trace")
     if args.trace:  # --trace FILE: the events into a temporary directory (unless --events), then the trace
         from partrain.report.commands import write_outputs
 

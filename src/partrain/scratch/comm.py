@@ -4,10 +4,11 @@ NumPy arrays over ``torch.distributed``'s gloo collectives.
 ``torch.from_numpy`` wraps an array's memory without a copy, so a collective on the tensor
 reduces the NumPy buffer in place; the NumPy code never sees torch.
 
-Workers start with ``torch.multiprocessing.spawn`` and meet through a ``file://`` store in a
-private temporary directory (no listening rendezvous socket); ``GLOO_SOCKET_IFNAME=lo``
-keeps gloo's own connections on the loopback interface. A worker that raises makes
-``spawn`` stop the others; one that waits on a dead peer gives up after ``timeout_s``.
+Workers start with partrain's own ``distributed.spawn``, as ``train``'s do, and meet through a
+``file://`` store in a private temporary directory (no listening rendezvous socket), gloo's
+connections on the loopback interface. A worker that raises makes ``spawn`` stop the others
+(bad input: its one line); Ctrl-C stops them all; one that waits on a dead peer gives up after
+``timeout_s``.
 
 Under ``mpirun`` with mpi4py installed nothing is spawned: the processes are mpirun's, and
 the messages go over MPI instead (``partrain.scratch.mpi``).
@@ -15,19 +16,11 @@ the messages go over MPI instead (``partrain.scratch.mpi``).
 
 from __future__ import annotations
 
-import os
-import pickle
-import shutil
-import tempfile
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-
-from partrain.errors import PartrainError
 
 
 class Comm:
@@ -56,35 +49,28 @@ class Comm:
 def run_workers(fn, args: tuple, nprocs: int, timeout_s: float = 300.0) -> list:
     """``fn(comm, *args)`` in ``nprocs`` processes; returns every rank's return value, by rank
     (under mpirun: on rank 0; the other ranks get None)."""
+    from partrain.distributed.spawn import spawn
     from partrain.scratch.mpi import run_under_mpi, under_mpirun
 
     if under_mpirun():
         return run_under_mpi(fn, args, nprocs)
     if nprocs == 1:
         return [fn(Comm(), *args)]
-    folder = Path(tempfile.mkdtemp(prefix="partrain-scratch-"))  # private: mode 0700
-    try:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")  # children: no torch thread pool competing with ours
-        mp.spawn(_worker, (fn, args, nprocs, str(folder), timeout_s), nprocs=nprocs, join=True)
-        return [pickle.loads((folder / f"result-{rank}.pkl").read_bytes()) for rank in range(nprocs)]
-    except mp.ProcessRaisedException as err:
-        last = str(err).strip().splitlines()[-1]
-        prefix = f"{PartrainError.__module__}.{PartrainError.__name__}: "
-        if last.startswith(prefix):  # bad input found by a worker: its one line, not a traceback
-            raise PartrainError(last.removeprefix(prefix)) from None
-        raise
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    results = spawn(_worker, (fn, args, timeout_s), nprocs)  # Ctrl-C, a dead or failed worker: as train's
+    return [results[rank] for rank in range(nprocs)]
 
 
-def _worker(rank: int, fn, args: tuple, world: int, folder: str, timeout_s: float) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo binds to loopback only
+def _worker(fn, args: tuple, timeout_s: float):
+    """One spawned worker: its rank and FileStore from ``spawn``'s environment, gloo on loopback."""
+    from partrain.distributed.launch import detect_launcher
+
+    info = detect_launcher()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group("gloo", init_method=f"file://{info.rendezvous_file}", rank=info.rank,
+                            world_size=info.world_size, timeout=timedelta(seconds=timeout_s))
     try:
-        result = fn(Comm(rank, world), *args)
-        Path(folder, f"result-{rank}.pkl").write_bytes(pickle.dumps(result))
+        result = fn(Comm(info.rank, info.world_size), *args)
         dist.barrier()  # nobody leaves while a peer may still be receiving from it
+        return result
     finally:
         dist.destroy_process_group()

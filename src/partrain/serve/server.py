@@ -11,8 +11,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import socket
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 
 import torch
 
@@ -22,6 +23,7 @@ from partrain.serve.preprocess import CLASSES, SHAPES, normalize, to_sample
 
 MAX_BODY = 4 * 2**20  # a 1024x1024 canvas as base64 JSON is 1.4 MB; anything larger is refused unread
 MAX_SIDE = 1024
+REQUEST_TIMEOUT_S = 10.0  # seconds a connection may keep the server waiting for a request's bytes
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 CANVAS_SCALE = {"ocr-letters": 20}  # screen pixels per sample pixel (MNIST and EMNIST: 10)
 
@@ -60,8 +62,8 @@ def parse_drawing(body: bytes) -> torch.Tensor:
     try:
         req = json.loads(body)
         width, height, data = int(req["width"]), int(req["height"]), base64.b64decode(req["ink"], validate=True)
-    except (ValueError, KeyError, TypeError, binascii.Error) as err:
-        raise ValueError(f"expected JSON {{width, height, ink: base64}}: {err}") from None
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError, binascii.Error) as err:  # Infinity, [[[...]]]
+        raise ValueError(f"expected JSON {{width, height, ink: base64}}: {type(err).__name__}") from None
     if not (0 < width <= MAX_SIDE and 0 < height <= MAX_SIDE):
         raise ValueError(f"canvas {width}x{height} is outside 1..{MAX_SIDE} pixels a side")
     if len(data) != width * height:
@@ -72,6 +74,7 @@ def parse_drawing(body: bytes) -> torch.Tensor:
 def handler_for(reader: Reader) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "partrain-serve"
+        timeout = REQUEST_TIMEOUT_S  # a client that connects and sends nothing (or less than it said) is dropped
 
         def _send(self, status: int, body: bytes, kind: str) -> None:
             self.send_response(status)
@@ -119,10 +122,19 @@ def handler_for(reader: Reader) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 def make_server(reader: Reader, host: str = "127.0.0.1", port: int = 8000) -> HTTPServer:
+    """One thread a request: a slow client holds its own request only (one client that sent
+    nothing held the page for everyone, before)."""
     if host not in LOOPBACK:
         raise PartrainError(f"--host {host}: the drawing page serves this machine only; use 127.0.0.1")
+    if not 0 <= port <= 65535:
+        raise PartrainError(f"--port {port}: a port is 0 to 65535 (0: any free one)")
+    server = IPv6Server if host == "::1" else ThreadingHTTPServer
     try:
-        return HTTPServer(("127.0.0.1" if host == "localhost" else host, port), handler_for(reader))
+        return server(("127.0.0.1" if host == "localhost" else host, port), handler_for(reader))
     except OSError as err:
         raise PartrainError(f"cannot listen on {host}:{port} ({err.strerror}): choose another --port, or 0 for any free one") from None
