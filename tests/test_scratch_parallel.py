@@ -8,9 +8,9 @@ import time
 
 import numpy as np
 import pytest
-import torch.multiprocessing as mp
 
 from partrain.cli import main
+from partrain.distributed.spawn import WorkerFailed
 from partrain.scratch import ScratchConfig, run, run_many
 from partrain.scratch.comm import run_workers
 
@@ -79,8 +79,8 @@ def _waits_for_a_dead_peer(comm):
 @pytest.mark.timeout(240)  # a backstop: the workers give up on a silent peer before this
 def test_a_dead_worker_stops_the_rest_at_once():
     start = time.monotonic()
-    # whichever spawn sees first: rank 1's error, or rank 0's allreduce losing its peer
-    with pytest.raises(mp.ProcessRaisedException, match="rank 1 fails on purpose|[Cc]onnection|peer"):
+    # whichever spawn sees first: rank 1's error, or rank 0's allreduce losing its peer; named by rank
+    with pytest.raises(WorkerFailed, match=r"worker rank \d failed \(.*(rank 1 fails on purpose|[Cc]onnection|peer)"):
         run_workers(_waits_for_a_dead_peer, (), 2, timeout_s=120)
     assert time.monotonic() - start < 120  # stopped by spawn, not left waiting for gloo's timeout
 
