@@ -55,6 +55,9 @@ def test_ranges_choices_and_grids():
     ("momentum=0.5,1.2", "[0, 1)"),
     ("optimizer=sgd,rmsprop", "'rmsprop' is not one of"),
     ("batch_size=32,6.5", "positive integers"),
+    ("lr=0,0.1", "a learning rate of 0 trains nothing"),  # failed trial by trial, before
+    ("lr=nan,0.1", "is not a finite number"),
+    ("lr=1e-3..inf:log", "is not a finite number"),  # a traceback from the sampler, and a study file left
 ])
 def test_a_bad_space_is_one_clear_error(entry, message):
     with pytest.raises(PartrainError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):

@@ -22,7 +22,7 @@ def trial_rows(study) -> list[dict]:
     for t in study.get_trials(deepcopy=False):
         note = t.user_attrs.get("error", "")
         if t.user_attrs.get("surplus"):
-            note = "not run: N trials were already under way"
+            note = "not run: the study's trials were already under way in other slots"
         elif t.state.name == "FAIL" and not note:
             first = t.system_attrs.get("failed_trial", t.number)
             note = f"interrupted; run again as #{retried[first]}" if first in retried else "interrupted"

@@ -117,14 +117,16 @@ def _check_values(dim: Dimension, entry: str) -> None:
     for v in values:
         if words and v not in words:
             raise PartrainError(f"--space {entry!r}: {v!r} is not one of {', '.join(words)}")
-        if not words and not isinstance(v, int | float):
-            raise PartrainError(f"--space {entry!r}: {v!r} is not a number")
+        if not words and not (isinstance(v, int | float) and math.isfinite(v)):
+            raise PartrainError(f"--space {entry!r}: {v!r} is not a finite number")
         if integer and (not isinstance(v, int) or v < 1):
             raise PartrainError(f"--space {entry!r}: {dim.name} takes positive integers, got {v!r}")
         if dim.name == "momentum" and not 0 <= v < 1:
             raise PartrainError(f"--space {entry!r}: momentum must lie in [0, 1)")
         if dim.name in ("lr", "weight_decay") and v < 0:
             raise PartrainError(f"--space {entry!r}: {dim.name} cannot be negative")
+        if dim.name == "lr" and v == 0 and dim.choices is not None:  # a range from 0 draws above it
+            raise PartrainError(f"--space {entry!r}: a learning rate of 0 trains nothing")
 
 
 def parse_space(entries: list[str] | None, model: str) -> list[Dimension]:

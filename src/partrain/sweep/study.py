@@ -129,7 +129,9 @@ def pruner_for(settings: SweepSettings):
 def open_study(settings: SweepSettings, create: bool = False):
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # errors only: Optuna logs every failed trial with its traceback at WARNING, where the
+    # trial table already says why it failed
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     storage = _storage(settings.storage)
     kwargs = dict(study_name=settings.study, storage=storage, sampler=sampler_for(settings), pruner=pruner_for(settings))
     if create:
