@@ -48,6 +48,8 @@ CASES = [
     ("scratch-hidden-negative", [*TRAIN, "--engine", "scratch", "--hidden", "-5"], {}, ["--hidden", "got -5"]),
     ("scratch-events-is-a-file", [*TRAIN, "--engine", "scratch", "--events", "{tmp}/f.txt"], {"f.txt": "x"}, ["--events", "a file is in the way"]),
     ("scratch-trace-is-a-folder", [*TRAIN, "--engine", "scratch", "--trace", "{tmp}"], {}, ["--trace", "is a directory"]),
+    ("mlp-on-tokens", [*TRAIN, "--dataset", "tokens"], {}, ["model 'mlp' reads images", "--model gpt"]),
+    ("scratch-on-tokens", [*TRAIN, "--engine", "scratch", "--dataset", "tokens"], {}, ["reads images", "gpt"]),
     ("lr-nan", [*TRAIN, "--lr", "nan"], {}, ["--lr"]),
     ("lr-inf", [*TRAIN, "--lr", "inf"], {}, ["--lr"]),
     ("lr-zero", [*TRAIN, "--lr", "0"], {}, ["--lr"]),

@@ -24,6 +24,9 @@ def mlp(
     layers, Xavier uniform (Glorot & Bengio 2010) for the output layer and for every layer of the
     sigmoid variant; biases zero.
     """
+    if len(input_shape) == 1:  # partrain's 1-D inputs are token ids, not features to multiply
+        raise PartrainError(f"model 'mlp' reads images, got token sequences of shape {tuple(input_shape)}: "
+                            "train --model gpt on them, or your own model with an embedding")
     if activation not in _ACTIVATIONS:
         raise PartrainError(
             f"mlp: unknown activation {activation!r}; choose one of {', '.join(_ACTIVATIONS)}"

@@ -44,6 +44,11 @@ def config_from_args(args: argparse.Namespace):
 
     if args.model != "mlp":
         raise PartrainError(f"the scratch engine builds the mlp only, not {args.model!r}: use --model mlp")
+    from partrain.data.tokens import is_token_dataset
+
+    if is_token_dataset(args.dataset):  # token ids into a Linear layer: a loss of NaN, exit 0, before
+        raise PartrainError(f"the scratch engine's mlp reads images, not the token sequences of {args.dataset!r}: "
+                            "train gpt with the torch engine")
     if args.optimizer != "sgd":
         raise PartrainError("the scratch engine has SGD with momentum only: leave out --optimizer")
     if args.backend not in (None, "gloo"):
