@@ -363,6 +363,12 @@ def test_text_file_gives_byte_windows_split_90_10(tmp_path):
 def test_text_file_refusals(tmp_path):
     with pytest.raises(PartrainError, match="not found"):
         dataset_spec(f"text:{tmp_path}/missing.txt")
+    with pytest.raises(PartrainError, match=r"not found \(a context after '@' is a whole number"):
+        dataset_spec(f"text:{tmp_path}/missing.txt@-1")
+    with pytest.raises(PartrainError, match="is a directory"):
+        dataset_spec(f"text:{tmp_path}")
+    with pytest.raises(PartrainError, match="needs a file"):
+        dataset_spec("text:")
     (tmp_path / "bin.txt").write_bytes(bytes([0xFF, 0xFE]) * 100)
     with pytest.raises(PartrainError, match="not UTF-8"):
         dataset_spec(f"text:{tmp_path}/bin.txt")

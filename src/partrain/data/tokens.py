@@ -51,9 +51,14 @@ def is_token_dataset(name: str) -> bool:
 
 
 def _text_bytes(path: str) -> np.ndarray:
+    if not path:
+        raise PartrainError("--dataset text: needs a file: give --dataset text:PATH with a UTF-8 text file")
     file = Path(path).expanduser()
+    if file.is_dir():
+        raise PartrainError(f"text file {str(file)!r} is a directory: give --dataset text:PATH with a UTF-8 text file")
     if not file.is_file():
-        raise PartrainError(f"text file {str(file)!r} not found: give --dataset text:PATH with a UTF-8 text file")
+        context = " (a context after '@' is a whole number of tokens, e.g. @128)" if "@" in path else ""
+        raise PartrainError(f"text file {str(file)!r} not found{context}: give --dataset text:PATH with a UTF-8 text file")
     data = file.read_bytes()
     try:
         data.decode("utf-8")
