@@ -191,11 +191,17 @@ def test_a_model_without_trainable_parameters_is_refused(tmp_path, monkeypatch):
         checked_model("umod_noparams:f", (1, 10), 10, {})
 
 
-def test_a_zoo_option_of_the_wrong_type_is_one_line():
-    with pytest.raises(PartrainError, match=r"model 'gpt' cannot be built with layers='abc': ValueError"):
-        build_model("gpt", (16,), 256, layers="abc")
-    with pytest.raises(PartrainError, match=r"layers=\[1\]: TypeError"):
-        build_model("gpt", (16,), 256, layers=[1])
+@pytest.mark.parametrize("options, message", [
+    (dict(layers="abc"), "gpt: layers must be a whole number >= 1, got 'abc'"),  # a traceback, before
+    (dict(layers=[1]), r"layers must be a whole number >= 1, got \[1\]"),
+    (dict(layers=2.5), "layers must be a whole number >= 1, got 2.5"),  # cut to 2 silently, before
+    (dict(layers=0), "layers must be a whole number >= 1, got 0"),
+    (dict(tie="maybe"), "tie must be true or false, got 'maybe'"),  # taken as true, before
+])
+def test_a_gpt_option_of_the_wrong_type_is_one_line(options, message):
+    with pytest.raises(PartrainError, match=message):
+        build_model("gpt", (16,), 256, **options)
+    assert build_model("gpt", (16,), 256, tie=1, layers=1) is not None  # 1 and 0 stand for true and false
 
 
 def test_unknown_options_raise():

@@ -335,3 +335,13 @@ def test_the_plan_picks_side_by_side_for_many_trials_and_splitting_for_too_few(t
         assert p.sweep_s == pytest.approx(p.waves * p.trial_s)
         assert p.start_s == 0.5 * p.k and p.trial_s > p.start_s  # start, then the steps and the evaluation
         assert p.steps == pytest.approx(sum(c.epochs * (profile.train_samples // c.batch_size) for c in configs) / 12)
+
+
+def test_a_searched_batch_stands_in_for_batch_size(tmp_path):
+    """--batch-size 33 on 2-way trials was refused although every trial takes 32 or 64."""
+    from partrain.cli import build_parser
+    from partrain.sweep.command import _settings
+
+    args = build_parser().parse_args(["sweep", "--workers", "2", "--per-trial", "2", "--batch-size", "33",
+                                      "--space", "batch_size=32,64", "--storage", str(tmp_path / "s.db")])
+    assert _settings(args).base.batch_size == 32

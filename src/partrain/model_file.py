@@ -50,6 +50,8 @@ def save(path: str, model: str, dataset: str, model_options: dict, state_dict: d
 
 def load(path: str) -> ModelFile:
     """Read a ``--save-model`` file; anything else is one clear error."""
+    if os.path.isdir(path):
+        raise PartrainError(f"model file {path} is a directory: give the file `partrain train --save-model` wrote")
     if not os.path.isfile(path):
         raise PartrainError(f"model file {path} not found: write one with `partrain train --save-model {path}`")
     try:

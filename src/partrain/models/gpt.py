@@ -72,10 +72,14 @@ def gpt(input_shape: tuple[int, ...], num_classes: int, layers: int = 2, d_model
     if len(input_shape) != 1:
         raise PartrainError(f"model 'gpt' needs token sequences (T,), got input shape {tuple(input_shape)}: "
                             "use --dataset tokens or --dataset text:PATH")
-    layers, d_model, heads = int(layers), int(d_model), int(heads)
-    context = int(context) if context is not None else input_shape[0]
-    if min(layers, d_model, heads) < 1 or d_model % heads:
-        raise PartrainError(f"gpt: d_model {d_model} must be a positive multiple of heads {heads}, and layers >= 1")
+    for name, value in (("layers", layers), ("d_model", d_model), ("heads", heads), ("context", context)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise PartrainError(f"gpt: {name} must be a whole number >= 1, got {value!r}")  # 2.5 was cut to 2
+    if not (isinstance(tie, int) and tie in (0, 1)):  # true, false, 1 or 0: 'maybe' was taken as true
+        raise PartrainError(f"gpt: tie must be true or false, got {tie!r}")
+    context = context if context is not None else input_shape[0]
+    if d_model % heads:
+        raise PartrainError(f"gpt: d_model {d_model} must be a multiple of heads {heads}")
     if context < input_shape[0]:
         raise PartrainError(f"gpt: context {context} is shorter than the dataset's {input_shape[0]}-token windows")
     model = nn.Sequential()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 
 from partrain.errors import PartrainError
@@ -57,6 +58,13 @@ def config_from_args(args: argparse.Namespace):
         if getattr(args, name) != unset:
             raise PartrainError(f"--{name.replace('_', '-')} is an option of the torch engine; "
                                 "leave it out with --engine scratch")
+    from partrain.distributed.spawn import MAX_PER_CORE, check_local_workers
+
+    check_local_workers(args.workers or 1, "the scratch engine runs on this machine")  # as train's
+    cores, workers, threads = os.cpu_count() or 1, args.workers or 1, args.threads or 1
+    if workers * threads > MAX_PER_CORE * cores:
+        raise PartrainError(f"--workers {workers} x --threads {threads} on a machine with {cores} cores: "
+                            f"at most {MAX_PER_CORE * cores} threads in all")
     if args.hidden is not None and not all(0 < width <= MAX_WIDTH for width in args.hidden):
         raise PartrainError(f"--hidden takes layer widths from 1 to {MAX_WIDTH}, got {','.join(map(str, args.hidden))}")
     every = args.average_every

@@ -67,18 +67,19 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _base_config(args) -> RunConfig:
+def _base_config(args, batch_size: int) -> RunConfig:
     options = {k: v for k, v in (("hidden", args.hidden), ("activation", args.activation)) if v}
     k = args.per_trial
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)  # never oversubscribe the cores
     return RunConfig(model=args.model, dataset=args.dataset, data_dir=args.data_dir, synthetic=args.synthetic,
                      model_options=options, epochs=args.epochs, steps=args.steps, limit=args.limit,
-                     eval_limit=args.eval_limit, evaluate=args.evaluate, batch_size=args.batch_size, lr=args.lr,
+                     eval_limit=args.eval_limit, evaluate=args.evaluate, batch_size=batch_size, lr=args.lr,
                      momentum=args.momentum, weight_decay=args.weight_decay, optimizer=args.optimizer, seed=args.seed,
                      strategy="ddp" if k > 1 else "serial", workers=k, threads=threads, bucket_mb=args.bucket_mb)
 
 
 def _settings(args):
+    from partrain.distributed.spawn import check_local_workers
     from partrain.sweep.space import check_divisible, parse_space
     from partrain.sweep.study import SweepSettings, storage_url
 
@@ -86,13 +87,16 @@ def _settings(args):
         raise PartrainError(f"--trials must be at least 1, got {args.trials}")
     if not args.study.strip():
         raise PartrainError("--study needs a name: it names the study in its storage and the default files")
+    check_local_workers(args.workers, "a sweep's slots share this machine; more go on other machines sharing --storage")
     if args.per_trial < 1 or args.workers < 1 or args.workers % args.per_trial:
         raise PartrainError(f"--per-trial {args.per_trial} does not divide --workers {args.workers}: "
                             "choose k with W / k trials side by side")
     if args.grid_points < 2:
         raise PartrainError("--grid-points must be at least 2")
-    base = _base_config(args)
     dims = parse_space(args.space, args.model)
+    # a searched batch replaces --batch-size, which no trial then uses (33 was refused for a search over 32, 64)
+    searched = next((d for d in dims if d.name == "batch_size"), None)
+    base = _base_config(args, min(searched.grid(2)) if searched else args.batch_size)
     check_divisible(dims, base, args.per_trial)
     settings = SweepSettings(storage_url(args.storage, args.study), args.study, args.trials, dims, base, args.sampler,
                              args.seed, args.prune, args.grid_points)
