@@ -41,6 +41,19 @@ def test_a_worker_error_is_one_line_and_exit_status_2(data_dir, tmp_path):
     assert line == "partrain: error: batch size 128 exceeds the 100 training samples: use a smaller --batch-size"
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "gpipe"])
+def test_a_diverging_run_stops_every_worker_in_one_line_exit_status_1(data_dir, strategy):
+    proc = subprocess.run(
+        [sys.executable, "-m", "partrain", "train", "--strategy", strategy, "--workers", "2", "--model", "cnn",
+         "--lr", "1e5", "--limit", "640", "--batch-size", "64", "--threads", "1", "--data-dir", str(data_dir), "--quiet"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("partrain: error: the training diverged: the loss is nan from step ")
+    assert line.endswith("lower --lr (now 100000)")
+
+
 def test_a_users_model_that_raises_in_a_pipeline_is_one_line_and_debug_shows_its_traceback(data_dir):
     # a micro-batch of one sample reaches BatchNorm1d on the first stage; the other stage, cut off
     # as it waits, fails too, and its "Connection closed by peer" would bury the line that matters

@@ -111,6 +111,15 @@ def test_bad_options_are_one_line_and_exit_status_2(data_dir, capsys, argv, mess
     assert code == 2 and err.startswith(f"partrain: error: {message}") and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("parallel", [[], ["--strategy", "ddp", "--workers", "2"]])
+def test_a_diverging_scratch_run_is_one_line_exit_status_1(data_dir, capsys, parallel):
+    code = main(["train", "--engine", "scratch", "--lr", "1e5", "--steps", "10", *parallel,
+                 "--data-dir", str(data_dir), "--quiet"])
+    assert code == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()  # NumPy's overflow warnings are not printed
+    assert line.startswith("partrain: error: the training diverged: the loss is nan from step ")
+
+
 def test_scratch_options_need_the_scratch_engine(capsys):
     assert main(["train", "--dtype", "float64"]) == 2
     assert "add --engine scratch" in capsys.readouterr().err

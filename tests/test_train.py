@@ -104,6 +104,28 @@ def test_batch_larger_than_the_data_is_refused(data_dir):
         train(data_dir, limit=100, batch_size=128)
 
 
+def test_check_finite_stops_a_loss_that_ends_as_no_number_and_names_since_when():
+    from partrain.errors import Diverged
+    from partrain.train import check_finite
+
+    check_finite([2.3, float("inf"), 2.2], 0, 0.1)  # one overflowing step the fp16 scaler skipped: recovered
+    check_finite([], 5, 0.1)
+    with pytest.raises(Diverged, match=r"the loss is nan from step 14 on, .* lower --lr \(now 0.5\)$"):
+        check_finite([2.3, float("nan"), 1.0, float("inf"), float("nan")], 10, 0.5)
+    with pytest.raises(Diverged, match=r"lower --lr \(now 0.5\) or train in fp32 \(--precision fp32\)$"):
+        check_finite([float("nan")], 0, 0.5, "fp16")
+    assert Diverged("x").exit_status == 1  # the input was valid; the run failed
+
+
+def test_a_diverging_run_stops_at_the_epochs_end_with_nothing_saved(data_dir, tmp_path):
+    from partrain.errors import Diverged
+
+    with pytest.raises(Diverged, match=r"the training diverged: the loss is nan from step \d+ on"):
+        train(data_dir, model="mlp", lr=1e6, limit=640, batch_size=64, epochs=2, checkpoint=str(tmp_path / "ck"),
+              save_model=str(tmp_path / "m.pt"))
+    assert not (tmp_path / "m.pt").exists() and not list((tmp_path / "ck").glob("step-*"))
+
+
 def test_events_record_forward_backward_optimizer(data_dir, tmp_path):
     train(data_dir, steps=3, limit=640, evaluate=False, events=str(tmp_path / "ev"))
     names = [e["name"] for e in read_events(tmp_path / "ev")]

@@ -42,3 +42,11 @@ class WaitedTooLong(PartrainError):
     which one this worker cannot tell. One line, exit status 1: no bad input of the user's."""
 
     exit_status = 1
+
+
+class Diverged(PartrainError):
+    """The loss stopped being a number: the weights are NaN or infinite, and every further step
+    would be wasted. One line naming the step and the fix (a smaller --lr, most often), exit
+    status 1: the input was valid, the run failed."""
+
+    exit_status = 1

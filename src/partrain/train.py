@@ -46,7 +46,7 @@ from partrain.distributed.launch import (
     leave_process_group,
     set_threads,
 )
-from partrain.errors import PartrainError
+from partrain.errors import Diverged, PartrainError
 from partrain.events import EventLog
 from partrain.models import build_model, count_parameters, load_factory, model_blocks
 from partrain.progress import StepProgress
@@ -216,6 +216,7 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
 
             # --- once an epoch: reduce the losses, evaluate, checkpoint
             losses = world_mean_losses(stepper, local_losses, ctx.device).tolist()
+            check_finite(losses, done - len(losses), cfg.lr, cfg.precision)  # every rank holds the same losses: all stop, or none
             result.step_losses += losses
             ep = EpochResult(epoch + 1, len(losses), statistics.fmean(losses), seconds, len(losses) * cfg.batch_size / seconds)
             if result.epochs and result.epochs[-1].epoch == ep.epoch:  # the rest of an epoch the checkpoint began
@@ -246,6 +247,19 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
         if ctx.rank == 0:
             model_file.save(cfg.save_model, cfg.model, cfg.dataset, cfg.model_options, state)
     return result
+
+
+def check_finite(losses: list[float], before: int, lr: float, precision: str = "fp32") -> None:
+    """Stop a run whose loss is no longer a number at the epoch's end (``before`` steps ran
+    before these): its weights are NaN or infinite, so more steps, an evaluation, a checkpoint
+    or a saved model would all be of nothing. A loss that was infinite for a step and then
+    recovered (fp16's gradient scaler skips such a step) is not stopped."""
+    if not losses or math.isfinite(losses[-1]):
+        return
+    since = 1 + max((i for i, v in enumerate(losses) if math.isfinite(v)), default=-1)
+    hint = " or train in fp32 (--precision fp32)" if precision != "fp32" else ""
+    raise Diverged(f"the training diverged: the loss is {losses[-1]} from step {before + since + 1} on, so the weights "
+                   f"are no longer numbers; lower --lr (now {lr:g}){hint}")
 
 
 def _stop_requested(on_epoch: EpochHook, ep: EpochResult, ctx: DistContext) -> bool:

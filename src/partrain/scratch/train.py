@@ -26,7 +26,7 @@ from partrain.scratch.local import Timeline
 from partrain.scratch.net import mlp
 from partrain.scratch.pipeline import Pipeline
 from partrain.scratch.strategies import DataParallel, LocalSGD
-from partrain.train import EpochResult, RunResult
+from partrain.train import EpochResult, RunResult, check_finite
 
 WARMUP_STEPS = 5  # left out of the phase means (first-touch page faults, thread start)
 
@@ -151,8 +151,9 @@ def count_parameters(cfg: ScratchConfig) -> int:
 
 
 def train_worker(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
-    # The parallelism is ours alone: BLAS runs one thread in every thread of ours.
-    with threadpool_limits(1, "blas"):
+    # The parallelism is ours alone: BLAS runs one thread in every thread of ours. A diverging
+    # run is told once, by check_finite, not by NumPy's overflow warning from every layer.
+    with threadpool_limits(1, "blas"), np.errstate(over="ignore", invalid="ignore"):
         return _train(comm, cfg)
 
 
@@ -195,6 +196,7 @@ def _train(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
             if cfg.steps is not None and len(losses) >= cfg.steps:
                 break
         losses = stepper.world_losses(losses)  # one message, after the last step
+        check_finite(losses, 0, cfg.lr)  # the same on every process: all stop, or none
     finally:
         stepper.close()
     events.write({"engine": "scratch", "scratch_config": asdict(cfg), "world_size": comm.world * cfg.threads,
