@@ -210,6 +210,30 @@ def test_grid_sweep_visits_each_point_once_and_refuses_more_trials_than_points(t
     assert points == [(0.01, 32), (0.01, 64), (0.05, 32), (0.05, 64)]
 
 
+def test_a_diverged_trial_fails_with_its_reason_and_a_sweep_with_none_complete_exits_1(tmp_path, data_dir, capsys):
+    base = _sweep(tmp_path, data_dir, "--sampler", "grid", "--no-prune")
+    assert main([*base, "--trials", "2", "--space", "lr=1e5,1e6"]) == 1
+    captured = capsys.readouterr()
+    assert "no trial of the 2 completed; the table gives each one's reason" in captured.err
+    assert captured.out.count("the training diverged: the loss is nan from step") == 2
+    study = optuna.load_study(study_name="partrain-sweep", storage=storage_url(str(tmp_path / "sweep.db"), "x"))
+    assert [t.state.name for t in study.trials] == ["FAIL", "FAIL"]
+
+
+def test_a_surplus_trial_is_bookkeeping_and_left_out_of_the_table():
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from partrain.sweep.report import trial_rows
+
+    study = optuna.create_study(direction="maximize")
+    lr = {"lr": FloatDistribution(0.01, 0.1)}
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.9, params={"lr": 0.05}, distributions=lr))
+    study.add_trial(create_trial(state=TrialState.FAIL, params={"lr": 0.02}, distributions=lr, user_attrs={"surplus": True}))
+    study.add_trial(create_trial(state=TrialState.FAIL, params={"lr": 0.03}, distributions=lr, user_attrs={"error": "bad"}))
+    assert [(r["number"], r["state"], r["note"]) for r in trial_rows(study)] == [(0, "COMPLETE", ""), (2, "FAIL", "bad")]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--workers", "2", "--per-trial", "3"], "--per-trial 3 does not divide --workers 2"),
     (["--workers", "2", "--per-trial", "2", "--space", "batch_size=32,33"], "batch size 33 does not split"),

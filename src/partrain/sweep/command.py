@@ -179,7 +179,7 @@ def _report(args, settings, study, seconds: float) -> int:
         print(json.dumps({"study": args.study, "storage": settings.storage, "seconds": seconds, "trials": rows,
                           "best": {"number": top[0].number, "accuracy": top[0].value, "params": top[0].params,
                                    "command": top[2]} if top else None, "plot": str(png) if png else None}, default=str))
-        return 0
+        return _verdict(rows)
     Console(width=None if sys.stdout.isatty() else 200).print(trials_table(rows, settings.dims, title))
     verdicts = {s: sum(r["state"] == s for r in rows) for s in ("COMPLETE", "PRUNED", "FAIL")}
     print(f"{verdicts['COMPLETE']} complete, {verdicts['PRUNED']} pruned, {verdicts['FAIL']} failed or interrupted; "
@@ -190,7 +190,15 @@ def _report(args, settings, study, seconds: float) -> int:
         print(f"best: trial {trial.number}, test accuracy {trial.value:.2%} with {params}\nreproduce it:\n  {command}")
     if png:
         print(f"plot: {png}")
-    return 0
+    return _verdict(rows)
+
+
+def _verdict(rows: list[dict]) -> int:
+    """0 when a trial completed; 1, said, when none did (every one failed, or was pruned)."""
+    if any(r["state"] == "COMPLETE" for r in rows):
+        return 0
+    print(f"partrain: no trial of the {len(rows)} completed; the table gives each one's reason", file=sys.stderr)
+    return 1
 
 
 def _plan(args, settings) -> int:

@@ -15,15 +15,18 @@ def _fmt(v) -> str:
 
 
 def trial_rows(study) -> list[dict]:
-    """One dict per trial, in order: number, state, value, params, epochs reported, seconds, note."""
+    """One dict per trial, in order: number, state, value, params, epochs reported, seconds, note.
+
+    A surplus trial (two slots asked at once for the last one; the second stopped before it
+    trained, and Optuna can only mark it FAIL) is bookkeeping, not a verdict: it is left out."""
     rows = []
     retried = {t.system_attrs.get("failed_trial"): t.number for t in study.get_trials(deepcopy=False)
                if "failed_trial" in t.system_attrs}
     for t in study.get_trials(deepcopy=False):
-        note = t.user_attrs.get("error", "")
         if t.user_attrs.get("surplus"):
-            note = "not run: the study's trials were already under way in other slots"
-        elif t.state.name == "FAIL" and not note:
+            continue
+        note = t.user_attrs.get("error", "")
+        if t.state.name == "FAIL" and not note:
             first = t.system_attrs.get("failed_trial", t.number)
             note = f"interrupted; run again as #{retried[first]}" if first in retried else "interrupted"
         elif "failed_trial" in t.system_attrs:
