@@ -61,6 +61,17 @@ def test_softmax_cross_entropy_matches_autograd(rng, total):
     np.testing.assert_allclose(ce.backward(), tz.grad.numpy(), **TOL)
 
 
+def test_evaluate_sums_the_test_loss_and_the_right_answers_as_torch_does(rng):
+    from partrain.scratch.local import evaluate
+
+    net = Net(flatten(mlp((6, 5, 4), "relu", np.float64, seed=0)), np.float64)
+    x, y = rng.standard_normal((23, 6)), rng.integers(0, 4, 23)
+    loss, right = evaluate(net, x, y, chunk=5)  # five chunks, the last of 3 rows
+    logits = torch.from_numpy(net.forward(x))
+    assert loss == pytest.approx(F.cross_entropy(logits, torch.from_numpy(y), reduction="sum").item(), rel=1e-12)
+    assert right == int((logits.argmax(1).numpy() == y).sum())
+
+
 @pytest.mark.parametrize("activation", ["relu", "sigmoid"])
 def test_the_whole_mlp_matches_torch_step_by_step(rng, activation):
     """Forward, loss, every gradient and three SGD-with-momentum steps, against torch.nn and torch.optim."""

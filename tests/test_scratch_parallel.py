@@ -32,6 +32,7 @@ def _same_as_serial(result, serial) -> None:
     assert len(result.step_losses) == STEPS
     np.testing.assert_allclose(result.step_losses, serial.step_losses, rtol=0, atol=1e-6)
     assert result.test_accuracy == serial.test_accuracy
+    assert result.epochs[-1].test_loss == pytest.approx(serial.epochs[-1].test_loss, rel=1e-9)
 
 
 def test_serial_learns(serial):
@@ -92,6 +93,11 @@ def test_the_cli_runs_the_scratch_engine_and_prints_json(data_dir, capsys):
     assert code == 0 and out["engine"] == "scratch" and out["config"]["dataset"] == "ocr-letters"
     assert out["threads"] == 2 and len(out["step_losses"]) == 5 and out["parameters"] == 128 * 256 + 256 + 256 * 128 + 128 + 1290
     assert out["config"]["activation"] == "sigmoid"  # the OCR network is Linear + Sigmoid
+    # the same report as the torch engine's: epochs from 1, the test loss beside the accuracy
+    (epoch,) = out["epochs"]
+    assert epoch["epoch"] == 1 and epoch["steps"] == 5 and 0 < epoch["test_loss"] < 10
+    assert out["steps_per_epoch"] == out["summary"]["seconds_per_epoch"] / out["summary"]["seconds_per_step"] > 5
+    assert out["summary"]["epoch_extrapolated"] is True  # 5 steps of an epoch
     main(["train", "--engine", "scratch", "--dataset", "ocr", "--steps", "3", "--no-eval", "--data-dir", str(data_dir)])
     line = capsys.readouterr().out
     assert line.startswith("mlp on ocr-letters, serial x1, final loss ") and "ms/step" in line and "compute" in line

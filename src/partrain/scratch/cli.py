@@ -115,7 +115,7 @@ def _run(args: argparse.Namespace) -> bool:
     from partrain.cli import summary_line
     from partrain.scratch.train import run as run_scratch
 
-    result = run_scratch(config_from_args(args))
+    result = run_scratch(config_from_args(args), show_progress=not (args.quiet or args.json))
     if result is None:  # a rank of mpirun's other than 0: rank 0 prints the run
         return False
     if args.json:

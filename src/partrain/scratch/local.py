@@ -177,6 +177,12 @@ def local_grad(net: Net, threads: int):
     return ThreadedGrad(net, threads) if threads > 1 else SerialGrad(net)
 
 
-def predict(net: Net, x: np.ndarray, chunk: int = 1000) -> np.ndarray:
-    """Class indices, the forward in chunks (a test set's activations at once would be large)."""
-    return np.concatenate([net.forward(x[i:i + chunk]).argmax(axis=1) for i in range(0, len(x), chunk)])
+def score(logits: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+    """The summed cross-entropy and the number right of one chunk of a test set."""
+    return SoftmaxCrossEntropy().forward(logits, y, total=1), int((logits.argmax(axis=1) == y).sum())
+
+
+def evaluate(net: Net, x: np.ndarray, y: np.ndarray, chunk: int = 1000) -> tuple[float, int]:
+    """``score`` summed over ``x``, the forward in chunks (a test set's activations at once would be large)."""
+    parts = [score(net.forward(x[i:i + chunk]), y[i:i + chunk]) for i in range(0, len(x), chunk)]
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)

@@ -19,7 +19,7 @@ import numpy as np
 
 from partrain.scratch.comm import Comm
 from partrain.scratch.layers import Linear, SoftmaxCrossEntropy
-from partrain.scratch.local import Timeline, shard, sum_grads
+from partrain.scratch.local import Timeline, score, shard, sum_grads
 from partrain.scratch.net import SGD, Net, cut
 
 
@@ -84,20 +84,19 @@ class Pipeline:
     def end_epoch(self, timeline: Timeline) -> None:
         pass
 
-    def accuracy(self, x: np.ndarray, y: np.ndarray, chunk: int = 1000) -> float:
-        """The test set through the pipeline, forward only; the last stage counts."""
-        prev, nxt, correct = self.comm.rank - 1, self.comm.rank + 1, 0
+    def evaluate(self, x: np.ndarray, y: np.ndarray, chunk: int = 1000) -> tuple[float, float]:
+        """Test loss and accuracy: the test set through the pipeline, forward only; the last stage scores."""
+        prev, nxt, sums = self.comm.rank - 1, self.comm.rank + 1, np.zeros(2, np.float64)
         for i in range(0, len(x), chunk):
             n = min(chunk, len(x) - i)
             a = x[i:i + n] if self.first else self.comm.recv((n, self.width_in), self.dtype, prev)
             b = self.net.forward(a)
             if self.last:
-                correct += int((b.argmax(axis=1) == y[i:i + n]).sum())
+                sums += score(b, y[i:i + n])
             else:
                 self.comm.isend(np.ascontiguousarray(b), nxt).wait()
-        counts = np.array([correct], np.float64)
-        self.comm.allreduce_sum(counts)
-        return float(counts[0] / len(x))
+        self.comm.allreduce_sum(sums)
+        return float(sums[0] / len(x)), float(sums[1] / len(x))
 
     def world_losses(self, losses: list[float]) -> list[float]:
         total = np.array(losses, np.float64)  # nonzero on the last stage only

@@ -7,8 +7,8 @@ for one process). So ``serial`` is ``DataParallel`` with 1 process x 1 thread, `
 1 x T, ``ddp`` W x 1 and ``hybrid`` W x T.
 
 A stepper answers: which rows of a batch this worker loads (``rows``), one optimizer step on
-them (``step``), what happens at an epoch's end (``end_epoch``), the test accuracy of the
-weights, and the world's per-step losses (``world_losses``).
+them (``step``), what happens at an epoch's end (``end_epoch``), the test loss and accuracy of
+the weights (``evaluate``), and the world's per-step losses (``world_losses``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from partrain.scratch.comm import Comm
-from partrain.scratch.local import Timeline, local_grad, predict, shard
+from partrain.scratch.local import Timeline, evaluate, local_grad, shard
 from partrain.scratch.net import SGD, Net, flatten
 
 
@@ -52,12 +52,12 @@ class DataParallel:
     def end_epoch(self, timeline: Timeline) -> None:
         pass
 
-    def accuracy(self, x: np.ndarray, y: np.ndarray) -> float:
-        """Each process scores its part of the test set; one allreduce of the counts."""
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        """Test loss and accuracy: each process scores its part of the test set; one allreduce of the sums."""
         mine = shard(len(x), self.comm.world, self.comm.rank)
-        counts = np.array([(predict(self.net, x[mine]) == y[mine]).sum(), len(y[mine])], np.float64)
-        self.comm.allreduce_sum(counts)
-        return float(counts[0] / counts[1])
+        sums = np.array([*evaluate(self.net, x[mine], y[mine]), len(y[mine])], np.float64)
+        self.comm.allreduce_sum(sums)
+        return float(sums[0] / sums[2]), float(sums[1] / sums[2])
 
     def world_losses(self, losses: list[float]) -> list[float]:
         return losses  # already the global batch's loss on every process

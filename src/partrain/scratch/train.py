@@ -19,6 +19,7 @@ from threadpoolctl import threadpool_limits
 from partrain.data import dataset_spec
 from partrain.errors import PartrainError
 from partrain.events import EventLog
+from partrain.progress import StepProgress
 from partrain.scratch import STRATEGIES
 from partrain.scratch.comm import Comm, run_workers
 from partrain.scratch.data import dataset_name, epoch_order, load_arrays
@@ -102,11 +103,12 @@ class ScratchResult(RunResult):
     phases_ms_per_rank: list = field(default_factory=list)
 
 
-def run(cfg: ScratchConfig) -> ScratchResult | None:
+def run(cfg: ScratchConfig, show_progress: bool = False) -> ScratchResult | None:
     """Train as ``cfg`` says, in this process or in ``cfg.processes`` spawned ones (under
-    mpirun: in mpirun's processes; the result on rank 0, None on the others)."""
+    mpirun: in mpirun's processes; the result on rank 0, None on the others). With
+    ``show_progress`` rank 0 draws a progress bar on stderr, as the PyTorch engine does."""
     load_arrays(cfg.dataset, "test", data_dir=cfg.data_dir, synthetic=cfg.synthetic, limit=1)  # missing data: one line, before any spawn
-    return _with_ranks(run_workers(train_worker, (cfg,), cfg.processes, cfg.timeout_s))
+    return _with_ranks(run_workers(train_worker, (cfg, show_progress), cfg.processes, cfg.timeout_s))
 
 
 def run_many(cfgs: list[ScratchConfig]) -> list[ScratchResult]:
@@ -150,18 +152,18 @@ def count_parameters(cfg: ScratchConfig) -> int:
     return sum((n_in + 1) * n_out for n_in, n_out in zip(w, w[1:]))
 
 
-def train_worker(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
+def train_worker(comm: Comm, cfg: ScratchConfig, show_progress: bool = False) -> ScratchResult:
     # The parallelism is ours alone: BLAS runs one thread in every thread of ours. A diverging
     # run is told once, by check_finite, not by NumPy's overflow warning from every layer.
     with threadpool_limits(1, "blas"), np.errstate(over="ignore", invalid="ignore"):
-        return _train(comm, cfg)
+        return _train(comm, cfg, show_progress and comm.rank == 0)
 
 
 def train_many(comm: Comm, cfgs: list[ScratchConfig]) -> list[ScratchResult]:
     return [train_worker(comm, cfg) for cfg in cfgs]
 
 
-def _train(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
+def _train(comm: Comm, cfg: ScratchConfig, show_progress: bool = False) -> ScratchResult:
     dtype = np.dtype(cfg.dtype)
     data = dict(data_dir=cfg.data_dir, synthetic=cfg.synthetic, seed=cfg.seed, dtype=dtype)
     x, y = load_arrays(cfg.dataset, "train", limit=cfg.limit, **data)
@@ -172,42 +174,48 @@ def _train(comm: Comm, cfg: ScratchConfig) -> ScratchResult:
     steps_per_epoch = len(x) // cfg.batch_size  # drop the last partial batch, as the PyTorch engine does
     if steps_per_epoch == 0:
         raise PartrainError(f"{len(x)} training samples make no batch of {cfg.batch_size}: lower --batch-size")
-    spans = []  # per epoch: (first step, steps, seconds, test accuracy)
+    spans = []  # per epoch: (first step, steps, seconds, (test loss, test accuracy))
     cpu = 0.0  # process CPU seconds inside the steps
-    try:
-        for epoch in range(cfg.epochs):
-            order, start, first = epoch_order(len(x), cfg.seed, epoch).numpy(), time.perf_counter(), len(losses)
-            for s in range(steps_per_epoch):
+    total_steps = min(cfg.epochs * steps_per_epoch, cfg.steps or cfg.epochs * steps_per_epoch)
+    progress = StepProgress(show_progress, total_steps, label=f"scratch mlp/{cfg.dataset} {cfg.strategy} x{comm.world * cfg.threads}")
+    has_loss = getattr(stepper, "last", True)  # a pipeline's loss is on its last stage
+    with progress:
+        try:
+            for epoch in range(cfg.epochs):
+                order, start, first = epoch_order(len(x), cfg.seed, epoch).numpy(), time.perf_counter(), len(losses)
+                for s in range(steps_per_epoch):
+                    if cfg.steps is not None and len(losses) >= cfg.steps:
+                        break
+                    batch = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
+                    mine = batch[stepper.rows(len(batch))]  # this worker's rows of the global batch
+                    t, c = time.perf_counter(), time.process_time()
+                    with timeline.phase("data"):  # a copy of the rows: ~batch x features x 4 bytes
+                        xb, yb = x[mine], y[mine]
+                    losses.append(stepper.step(xb, yb, len(batch), timeline))
+                    step_seconds.append(time.perf_counter() - t)
+                    cpu += time.process_time() - c
+                    events.record("step", t, t + step_seconds[-1], step=len(timeline.steps))
+                    timeline.end_step()
+                    progress.advance(losses[-1] if has_loss else None, len(batch))  # a redraw at most every 0.25 s
+                stepper.end_epoch(timeline)
+                seconds = time.perf_counter() - start
+                spans.append((first, len(losses) - first, seconds, stepper.evaluate(xt, yt) if cfg.evaluate else (None, None)))
                 if cfg.steps is not None and len(losses) >= cfg.steps:
                     break
-                batch = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
-                mine = batch[stepper.rows(len(batch))]  # this worker's rows of the global batch
-                t, c = time.perf_counter(), time.process_time()
-                with timeline.phase("data"):  # a copy of the rows: ~batch x features x 4 bytes
-                    xb, yb = x[mine], y[mine]
-                losses.append(stepper.step(xb, yb, len(batch), timeline))
-                step_seconds.append(time.perf_counter() - t)
-                cpu += time.process_time() - c
-                events.record("step", t, t + step_seconds[-1], step=len(timeline.steps))
-                timeline.end_step()
-            stepper.end_epoch(timeline)
-            seconds = time.perf_counter() - start
-            spans.append((first, len(losses) - first, seconds, stepper.accuracy(xt, yt) if cfg.evaluate else None))
-            if cfg.steps is not None and len(losses) >= cfg.steps:
-                break
-        losses = stepper.world_losses(losses)  # one message, after the last step
-        check_finite(losses, 0, cfg.lr)  # the same on every process: all stop, or none
-    finally:
-        stepper.close()
+            losses = stepper.world_losses(losses)  # one message, after the last step
+            check_finite(losses, 0, cfg.lr)  # the same on every process: all stop, or none
+        finally:
+            stepper.close()
     events.write({"engine": "scratch", "scratch_config": asdict(cfg), "world_size": comm.world * cfg.threads,
                   "processes": comm.world, "backend": comm.backend if comm.world > 1 else "none"})
     epochs = [EpochResult(e, n, float(np.mean(losses[first:first + n])) if n else float("nan"), seconds,
-                          n * cfg.batch_size / seconds, None, accuracy)
-              for e, (first, n, seconds, accuracy) in enumerate(spans)]
+                          n * cfg.batch_size / seconds, *scores)
+              for e, (first, n, seconds, scores) in enumerate(spans, start=1)]
     return ScratchResult(
         config={**asdict(cfg), "model": "mlp", "engine": "scratch"}, world_size=comm.world * cfg.threads,
         backend=comm.backend if comm.world > 1 else "none", threads=cfg.threads, parameters=count_parameters(cfg),
         epochs=epochs, step_losses=[float(v) for v in losses], step_seconds=step_seconds, processes=comm.world,
+        steps_per_epoch=steps_per_epoch,
         partition=_partition(stepper) if cfg.strategy == "model-parallel" else None,
         phases_ms=timeline.mean_ms(skip=min(WARMUP_STEPS, len(timeline.steps) // 4)),
         cpu_ms_per_step=1e3 * cpu / max(1, len(step_seconds)),
