@@ -187,6 +187,18 @@ def test_results_table_shows_rows_and_reasons(store, capsys):
     assert results_view([]) is not None
 
 
+def test_reading_a_store_leaves_no_wal_or_shm_files_beside_it(tmp_path, capsys):
+    path = tmp_path / "results.sqlite"
+    with Store(path) as s:
+        s.record(cell(), HW, ok(cell(), 0.5), "t", None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.sqlite"]
+    assert main(["results", "--store", str(path)]) == 0 and "500.00" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.sqlite"]  # a read-only open left two files here
+    path.chmod(0o444)  # a store we may not write is still read (immutable), and nothing is written beside it
+    assert main(["results", "--store", str(path)]) == 0 and "500.00" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.sqlite"]
+
+
 def test_results_of_a_suite_the_store_does_not_hold_names_those_it_holds(store, capsys):
     store.record(cell(), HW, ok(cell(), 0.5), "t", None)
     assert main(["results", "--store", str(store.path), "--suite", "nosuch"]) == 2

@@ -156,9 +156,13 @@ class Store:
                 self.db.row_factory = sqlite3.Row
                 self._check_ours()  # before the first write; again under the write lock in _prepare
                 self._prepare()
-            else:  # only read: also a store in a folder we may not write (immutable: no -shm file needed)
+            else:  # only read: nothing is created, and only SELECTs are run
+                # mode=rw, not ro: a read-only connection to a WAL database makes -wal and -shm files
+                # it cannot remove as it closes, so `partrain results` left two files beside the store;
+                # a read-write one, the last to close, removes them. A store in a folder we may not
+                # write is read immutable (no -shm file needed).
                 writable = os.access(self.path.parent, os.W_OK) and os.access(self.path, os.W_OK)
-                uri = f"{self.path.resolve().as_uri()}?{'mode=ro' if writable else 'immutable=1'}"
+                uri = f"{self.path.resolve().as_uri()}?{'mode=rw' if writable else 'immutable=1'}"
                 self.db = sqlite3.connect(uri, uri=True, timeout=30)
                 self.db.row_factory = sqlite3.Row
                 self._check_ours()
