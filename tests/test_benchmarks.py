@@ -9,6 +9,7 @@ workers, with a timeout.
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,33 @@ def test_overheads_hand_written_ddp_loop_trains_on_two_workers(benchmarks, data_
     by_rank = spawn(bench.plain_ddp_worker, ("mlp", 64, 3, str(data_dir)), 2)
     assert sorted(by_rank) == [0, 1]
     assert all(len(seconds) == 3 and min(seconds) > 0 for seconds in by_rank.values())
+
+
+def test_host_speed_summary_against_hand_computed_slowdowns(benchmarks):
+    bench = benchmarks("host_speed")
+    # core 0 fast at 10 ms, slow (15 ms) in slots 2 and 3; core 1 steady at 20 ms but slow in slot 3
+    # and 4 (24 ms); core 2 never reached its first slot and is left out
+    series = {0: {0: 0.010, 1: 0.010, 2: 0.015, 3: 0.015, 4: 0.010},
+              1: {0: 0.020, 1: 0.020, 2: 0.020, 3: 0.024, 4: 0.024}, 2: {}}
+    s = bench.summarize(series)
+    assert sorted(s["cores"]) == [0, 1]
+    c0, c1 = s["cores"][0], s["cores"][1]
+    assert c0["fast_ms"] == pytest.approx(10.0) and c1["fast_ms"] == pytest.approx(20.0)
+    assert c0["mean_slowdown"] == pytest.approx((1 + 1 + 1.5 + 1.5 + 1) / 5)
+    assert c1["mean_slowdown"] == pytest.approx((1 + 1 + 1 + 1.2 + 1.2) / 5)
+    assert c0["slow_share"] == pytest.approx(2 / 5) and c1["slow_share"] == pytest.approx(2 / 5)
+    assert s["serial"] == pytest.approx((1.2 + 1.08) / 2)
+    # the slowest core of each slot: 1, 1, 1.5, 1.5, 1.2
+    assert s["synchronous"] == pytest.approx((1 + 1 + 1.5 + 1.5 + 1.2) / 5)
+    assert s["slots_together"] == 5
+
+
+@pytest.mark.timeout(180)
+def test_host_speed_times_every_core_at_once(benchmarks):
+    bench = benchmarks("host_speed")
+    series = bench.measure("mlp", 16, seconds=1.0, slot=0.25)
+    assert set(series) == set(os.sched_getaffinity(0))
+    for slots in series.values():  # every slot of the second has steps in it, each a positive time
+        assert set(slots) <= {0, 1, 2, 3} and len(slots) >= 3 and min(slots.values()) > 0
+    s = bench.summarize(series)
+    assert s["synchronous"] >= 1.0 and s["serial"] >= 1.0 - 1e-9
