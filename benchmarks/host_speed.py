@@ -1,7 +1,7 @@
 """How steady this machine's cores are: each core's speed over time, and what a job that
 waits for its slowest worker pays for it.
 
-    PYTHONPATH=src python3 benchmarks/host_speed.py [--model cnn --batch-size 32] [--seconds 60]
+    PYTHONPATH=src python3 benchmarks/host_speed.py [--model cnn --dataset mnist --batch-size 32] [--seconds 60]
                                                     [--slot 0.5] [--json out.json]
 
 One process per core, each pinned to its core and busy with the model's forward and backward
@@ -41,12 +41,13 @@ SLOW_OVER = 1.15  # a slot counts as slow above this multiple of its core's fast
 START_TIMEOUT_S = 120.0  # importing torch and building the model, on every core at once
 
 
-def core_worker(core: int, model: str, batch: int, seconds: float, slot: float, together, out) -> None:
+def core_worker(core: int, model: str, dataset: str, batch: int, seconds: float, slot: float, together, out) -> None:
     """Pinned to ``core``: once every process is warm (``together``, a barrier), time the
     model's step for ``seconds``; put (core, {slot index: median step seconds}) on ``out``."""
     os.sched_setaffinity(0, {core})
     import torch
 
+    from partrain.data import dataset_spec
     from partrain.distributed.launch import keep_freed_memory
     from partrain.models import build_model
     from partrain.profile.sharing import training_step
@@ -54,9 +55,9 @@ def core_worker(core: int, model: str, batch: int, seconds: float, slot: float, 
     keep_freed_memory()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    shape = (3, 32, 32) if model in ("resnet18", "resnet50", "mobilenetv2", "vgg11") else (1, 28, 28)
-    net = build_model(model, shape, 10)
-    step = training_step(net, torch.randn(batch, *shape), torch.zeros(batch, dtype=torch.long))
+    spec = dataset_spec(dataset)  # random rows of the dataset's shape: the speed, not the data, is measured
+    net = build_model(model, spec.input_shape, spec.num_classes)
+    step = training_step(net, torch.randn(batch, *spec.input_shape), torch.zeros(batch, dtype=torch.long))
     step()  # warm: the allocator's pages and the thread pool
     together.wait(timeout=START_TIMEOUT_S)
     start = time.monotonic()  # the same clock in every process: slots line up to the barrier's release
@@ -93,13 +94,13 @@ def summarize(series: dict[int, dict[int, float]]) -> dict:
             "slots_together": len(worst)}
 
 
-def measure(model: str, batch: int, seconds: float, slot: float) -> dict[int, dict[int, float]]:
+def measure(model: str, dataset: str, batch: int, seconds: float, slot: float) -> dict[int, dict[int, float]]:
     """{core: {slot: median step seconds}}: one pinned process per core, all busy at once."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     cores = sorted(os.sched_getaffinity(0))
     together = ctx.Barrier(len(cores))
-    procs = [ctx.Process(target=core_worker, args=(c, model, batch, seconds, slot, together, out)) for c in cores]
+    procs = [ctx.Process(target=core_worker, args=(c, model, dataset, batch, seconds, slot, together, out)) for c in cores]
     for p in procs:
         p.start()
     series = dict(out.get(timeout=START_TIMEOUT_S + seconds + 60) for _ in procs)
@@ -111,12 +112,13 @@ def measure(model: str, batch: int, seconds: float, slot: float) -> dict[int, di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="cnn", help="a zoo model whose step is timed (default cnn)")
+    parser.add_argument("--dataset", default="mnist", help="whose input shape and classes the model is built for (default mnist)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=60.0, help="how long every core is timed (default 60)")
     parser.add_argument("--slot", type=float, default=0.5, help="seconds per slot median (default 0.5)")
     parser.add_argument("--json", help="write the series and the summary here")
     args = parser.parse_args()
-    series = measure(args.model, args.batch_size, args.seconds, args.slot)
+    series = measure(args.model, args.dataset, args.batch_size, args.seconds, args.slot)
     summary = summarize(series)
     for core, c in summary["cores"].items():
         print(f"core {core}: fast {c['fast_ms']:.2f} ms, median {c['median_ms']:.2f} ms, mean x{c['mean_slowdown']:.2f}, "

@@ -72,7 +72,7 @@ def test_host_speed_summary_against_hand_computed_slowdowns(benchmarks):
 @pytest.mark.timeout(180)
 def test_host_speed_times_every_core_at_once(benchmarks):
     bench = benchmarks("host_speed")
-    series = bench.measure("mlp", 16, seconds=1.0, slot=0.25)
+    series = bench.measure("mlp", "mnist", 16, seconds=1.0, slot=0.25)
     assert set(series) == set(os.sched_getaffinity(0))
     for slots in series.values():  # every slot of the second has steps in it, each a positive time
         assert set(slots) <= {0, 1, 2, 3} and len(slots) >= 3 and min(slots.values()) > 0
