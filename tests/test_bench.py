@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from partrain.bench import Store, builtin_suite, load_suite, run_suite
-from partrain.bench.runner import failure_reason
+from partrain.bench.processes import failure_reason
 from partrain.bench.scaling import regimes, study_cells, study_suite
 from partrain.bench.suite import suite_from_dict
 from partrain.cli import main

@@ -34,7 +34,7 @@ from partrain.testing.netns import EmulatedNodes, Link, torchrun_across
 
 LINK_PROFILE_S, LINK_PROFILE_CAP_MB = 0.1, 64.0  # the link profile's largest message: 0.1 s of the rate, at most 64 MiB
 
-# runs processes with a timeout: bench.runner.run_processes (passed in, the runner imports this module)
+# runs processes with a timeout: bench.processes.run_processes, passed in by the runner
 Runner = Callable[..., tuple[str, str | None, dict | None]]
 
 

@@ -13,27 +13,18 @@ group), so that
 
 The price is a process start per cell (about 2 s to import torch, and the elastic launcher
 and data loading per worker), which is why step times are taken from the training loop's
-own per-step clock after warm-up, never from the process's wall time.
-
-Output goes to temporary files, not pipes: a long run's JSON line can exceed a pipe's
-buffer, and polling a file needs no reader thread.
+own per-step clock after warm-up, never from the process's wall time. Starting, watching
+and killing those processes is ``bench.processes``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from datetime import datetime, timezone
-from functools import partial
 
 from rich.console import Console
 from rich.progress import (
@@ -47,19 +38,17 @@ from rich.progress import (
 from rich.text import Text
 
 from partrain.bench import nodes
+from partrain.bench.processes import run_process, run_processes
 from partrain.bench.profiles import ProfilesBeside
 from partrain.bench.store import Outcome, Store
 from partrain.bench.suite import Cell, Suite
 from partrain.config import RunConfig
 from partrain.data import dataset_spec
-from partrain.distributed.spawn import child_env, die_with_parent, python_command
+from partrain.distributed.spawn import child_env, python_command
 from partrain.errors import PartrainError
 from partrain.predict.machine import fingerprint, git_commit
 from partrain.runner import preflight
 
-POLL_S = 0.5  # how often a running cell is checked for exit and timeout, and the bar redrawn
-_EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b.*")
-_TORCH_LOG_LINE = re.compile(r"^[EWI]\d{4} ")  # torch's C++/elastic log lines: E1122 22:56:32.163000 ...
 
 
 def run_suite(suite: Suite, store: Store, *, force: bool = False, data_dir: str | None = None,
@@ -191,92 +180,6 @@ def train_command(cfg: RunConfig) -> list[str]:
     """``python -P -m partrain train`` with ``cfg``'s settings (``RunConfig.to_argv``, the
     command line ``recommend`` prints)."""
     return [*python_command(), "-m", "partrain", "train", *cfg.to_argv(), "--json", "--quiet"]
-
-
-def run_process(cmd: list[str], timeout: float, tick: Callable[[], None]) -> tuple[str, str | None, dict | None]:
-    """Run ``cmd`` in a new session; returns (status, reason, the JSON result or None)."""
-    return run_processes([cmd], timeout, tick)
-
-
-def run_processes(cmds: list[list[str]], timeout: float, tick: Callable[[], None],
-                  env: dict[str, str] | None = None) -> tuple[str, str | None, dict | None]:
-    """Run ``cmds`` side by side (one per emulated node), each in a new session; the first's
-    stdout holds the JSON result. When one fails the others are killed at once: they would
-    wait for it until their rendezvous timed out."""
-    with ExitStack() as files:
-        outs = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in cmds]
-        errs = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in cmds]
-        procs: list[subprocess.Popen] = []
-        try:
-            for cmd, out, err in zip(cmds, outs, errs, strict=True):
-                procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env or child_env(),
-                                              start_new_session=True, preexec_fn=partial(die_with_parent, signal.SIGTERM)))
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                running = [p for p in procs if p.poll() is None]
-                if not running or any(p.returncode for p in procs if p not in running):
-                    break
-                tick()
-                try:
-                    running[0].wait(POLL_S)
-                except subprocess.TimeoutExpired:
-                    pass
-        finally:
-            codes = [p.poll() for p in procs]  # before the kill: a node killed for another's failure did not fail
-            for proc in procs:
-                _kill_group(proc)  # on timeout the launchers and their workers; else any straggler
-        stdout = _read(outs[0])
-        failed = next((i for i, code in enumerate(codes) if code), None)
-        stderr = _read(errs[failed]) if failed is not None else ""
-    if failed is not None:
-        where = f"node {failed}: " if len(cmds) > 1 else ""
-        return "failed", where + failure_reason(stderr, codes[failed]), None
-    if None in codes:
-        return "timeout", f"no result within the {timeout:g} s cell timeout; the cell's processes were killed", None
-    try:
-        return "ok", None, json.loads(stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        return "failed", f"exit status 0 but no JSON result on stdout: {stdout.strip()[-200:]!r}", None
-
-
-def _read(file) -> str:
-    file.seek(0)
-    return file.read()
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:  # the group has already exited
-        pass
-    proc.wait()
-
-
-def failure_reason(stderr: str, returncode: int) -> str:
-    """One line saying why a cell failed: the last line of its stderr, made specific.
-
-    A multi-worker run ends with the launcher's "worker rank N stopped on an error (above)";
-    the exception it points to is added. A process killed by a signal says which, and
-    SIGKILL from nobody we know of is most likely the kernel's out-of-memory killer.
-    """
-    if "ChildFailedError" in stderr:  # torchrun's (across nodes): the worker's error is above the launcher's traceback
-        stderr = "\n".join(line for line in stderr[:stderr.rfind("Traceback (most recent call last)")].splitlines()
-                           if not _TORCH_LOG_LINE.match(line))
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    if returncode < 0:
-        name = signal.Signals(-returncode).name
-        hint = " (out of memory?)" if -returncode == signal.SIGKILL else ""
-        return f"killed by {name}{hint}" + (f": {lines[-1]}" if lines else "")
-    if not lines:
-        return f"exit status {returncode}, nothing on stderr"
-    reason = lines[-1]
-    if reason.endswith("(above)"):
-        cause = next((line for line in reversed(lines[:-1]) if _EXCEPTION_LINE.match(line)), None)
-        if cause:
-            reason = f"{reason}: {cause}"
-    if "SIGKILL" in reason:
-        reason += " (out of memory?)"
-    return reason[:500]
 
 
 def figures(cell: Cell, result: dict) -> dict:
