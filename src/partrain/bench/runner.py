@@ -1,20 +1,14 @@
 """Running benchmark cells for real: each in fresh worker processes, under a timeout.
 
-A cell runs as ``python -m partrain train ... --json --quiet`` in its own session (process
-group), so that
-
-- every cell starts from cold processes: nothing one cell allocated, compiled or cached
-  skews the next, and a crash or an out-of-memory kill takes down only that cell;
-- on timeout the whole group (the launcher and its workers) is killed at once;
-- if the runner itself is killed, the cell's launcher gets SIGTERM (Linux
-  ``PR_SET_PDEATHSIG``), on which PyTorch's elastic agent stops its workers, so no orphan
-  keeps eating the cores the next run measures on. (SIGKILL would kill the agent alone and
-  leave its workers training.)
+A cell runs as ``python -m partrain train ... --json --quiet``, so every cell starts from
+cold processes: nothing one cell allocated, compiled or cached skews the next, and a crash
+or an out-of-memory kill takes down only that cell. How those processes are started in
+their own session, killed as a group on timeout or when the runner dies, and their failure
+told in one line is ``bench.processes``.
 
 The price is a process start per cell (about 2 s to import torch, and the elastic launcher
 and data loading per worker), which is why step times are taken from the training loop's
-own per-step clock after warm-up, never from the process's wall time. Starting, watching
-and killing those processes is ``bench.processes``.
+own per-step clock after warm-up, never from the process's wall time.
 """
 
 from __future__ import annotations
@@ -48,7 +42,6 @@ from partrain.distributed.spawn import child_env, python_command
 from partrain.errors import PartrainError
 from partrain.predict.machine import fingerprint, git_commit
 from partrain.runner import preflight
-
 
 
 def run_suite(suite: Suite, store: Store, *, force: bool = False, data_dir: str | None = None,
