@@ -204,6 +204,17 @@ def test_group_sizes():
     assert group_sizes(1) == [] and group_sizes(2) == [2] and group_sizes(6) == [2, 4, 6]
 
 
+def test_tier_plans_measure_the_world_across_nodes_of_several_workers():
+    """One rank per node across nodes, and the whole world where nodes hold several: the
+    group DDP reduces over, whose ring mixes hops within and between nodes."""
+    from partrain.profile.hardware import _tier_plans
+
+    assert _tier_plans(2, 2) == [("intra", 2, [[0, 1]], (0, 1))]
+    assert _tier_plans(4, 1) == [("inter", 4, [[0, 1, 2, 3]], (0, 1))]
+    assert _tier_plans(4, 2) == [("intra", 2, [[0, 1], [2, 3]], (0, 1)), ("inter", 2, [[0, 2]], (0, 2)),
+                                 ("inter", 4, [[0, 1, 2, 3]], (0, 2))]
+
+
 def test_cluster_file(tmp_path):
     from pathlib import Path
 
