@@ -261,3 +261,20 @@ def test_the_namespaces_go_after_a_failing_cell_and_after_an_error_in_the_runner
 
 def test_the_link_refusal_names_no_cells_when_none_run_across_nodes():
     assert bench_nodes.refusal(suite_from_dict({"models": ["mlp"]}, "here").cells()) is None
+
+
+@needs_netns
+def test_a_link_profile_gets_its_own_timeout_not_only_the_cells(tmp_path):
+    """A link profile moves every collective's largest messages through the link: 2 nodes of
+    2 workers at 100 Mbit/s took 316 s, past the nodes suite's 300 s per cell."""
+    (cell,) = [c for c in suite_from_dict({"models": ["mlp"], "strategies": ["ddp"], "nodes": [2],
+                                           "workers_per_node": [2], "link_mbit": [100], **TINY}, "t").cells()]
+    given = []
+
+    def run(cmds, timeout, tick, env):
+        given.append(timeout)
+        return "timeout", "no result in time", None
+
+    said = bench_nodes.ensure_link_profile(cell, run, 4.0, 120, tmp_path)
+    assert given == [bench_nodes.LINK_PROFILE_TIMEOUT_S] and "timeout" in said
+    assert not _ours()  # its namespaces are gone

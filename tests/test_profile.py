@@ -212,7 +212,7 @@ def test_tier_plans_measure_the_world_across_nodes_of_several_workers():
     assert _tier_plans(2, 2) == [("intra", 2, [[0, 1]], (0, 1))]
     assert _tier_plans(4, 1) == [("inter", 4, [[0, 1, 2, 3]], (0, 1))]
     assert _tier_plans(4, 2) == [("intra", 2, [[0, 1], [2, 3]], (0, 1)), ("inter", 2, [[0, 2]], (0, 2)),
-                                 ("inter", 4, [[0, 1, 2, 3]], (0, 2))]
+                                 ("inter", 4, [[0, 1, 2, 3]], None)]
 
 
 def test_cluster_file(tmp_path):

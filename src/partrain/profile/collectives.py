@@ -139,15 +139,15 @@ def background_load(enabled: bool):
         thread.join()
 
 
-def measure_collectives(group, group_ranks: list[int], pair: tuple[int, int], sizes: list[int], device,
+def measure_collectives(group, group_ranks: list[int], pair: tuple[int, int] | None, sizes: list[int], device,
                         alone) -> tuple[dict, list[str]]:
     """Every rank of the world calls this; returns ({collective: [(bytes, seconds)]}, notes).
 
     The ranks of ``group_ranks`` run the collectives on ``group``; ranks outside it, if
     any, keep a core busy and join the barriers (``background_load``); ``pair`` runs the
-    send/recv ping-pong; ``alone`` is this rank's group of one (``ddp_allreduce``'s
-    baseline; ``dist.new_subgroups(group_size=1)``). A collective the backend lacks is
-    skipped and named in the notes.
+    send/recv ping-pong (None: not timed, another group of the tier times it); ``alone`` is
+    this rank's group of one (``ddp_allreduce``'s baseline; ``dist.new_subgroups(group_size=1)``).
+    A collective the backend lacks is skipped and named in the notes.
     """
     with background_load(dist.get_rank() not in group_ranks):
         return _measure_collectives(group, group_ranks, pair, sizes, device, alone)
@@ -159,6 +159,8 @@ def _measure_collectives(group, group_ranks, pair, sizes, device, alone) -> tupl
     notes: list[str] = []
     for name in COLLECTIVES:
         if name == "sendrecv":
+            if pair is None:
+                continue
             results[name] = [(n, _timed(_ping_pong(n, *pair, device), repeats_for(n)) / 2) for n in sizes]
             continue
         if name == "ddp_allreduce":
