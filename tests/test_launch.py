@@ -95,3 +95,58 @@ def test_a_connection_a_peer_closed_is_told_apart_from_other_errors():
     assert peer_left(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
     assert peer_left(ValueError("Expected more than 1 value per channel")) is None
     assert peer_left(BrokenPipeError(32, "Broken pipe")) is None  # `partrain train | head`: stdout's reader left
+
+
+_WAITS_FOR_A_PEER = """
+import os, sys, time
+import torch.distributed as dist
+from partrain.distributed.launch import detect_launcher, init_process_group
+info = detect_launcher()
+init_process_group(info, "gloo", timeout_s=600)
+open(os.path.join(sys.argv[1], str(os.getpid())), "w").close()
+if info.rank == 0:
+    dist.barrier()  # rank 1 never comes: blocked in gloo, where no Python signal handler runs
+time.sleep(600)
+"""
+
+
+def test_torchruns_workers_die_with_it_when_it_is_killed_outright(tmp_path):
+    """torchrun starts each worker in a session of its own, so killing torchrun's process group
+    (what a timed-out benchmark cell gets) misses them: they must die with their launcher."""
+    import os
+    import signal
+    import time
+
+    script = tmp_path / "worker.py"
+    script.write_text(_WAITS_FOR_A_PEER)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    launcher = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                 "--master-port", str(free_port()), str(script), str(pids)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers) < 2 and time.monotonic() < deadline and launcher.poll() is None:
+            time.sleep(0.2)
+            workers = [int(p.name) for p in pids.iterdir()]
+        assert len(workers) == 2, "the workers did not start"
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+        deadline = time.monotonic() + 10
+        while (alive := [p for p in workers if _running(p)]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive, f"workers {alive} outlived their launcher"
+    finally:
+        for pid in workers:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -190,6 +190,14 @@ def init_process_group(info: LaunchInfo, backend: str | None, timeout_s: float, 
         torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
     if dist.is_initialized() or not (needed or info.world_size > 1):
         return backend
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker of torchrun's, started in a session of its own
+        from partrain.distributed.spawn import die_with_parent
+
+        # so killing torchrun's process group misses it: a launcher killed outright (a timed-out
+        # cell) left its workers blocked in a collective with peers that were gone, for up to
+        # the group's timeout (issue 18: link profiles timed out at 06:47 still ran at 07:10,
+        # taking a core from every cell after them). Dying with the launcher ends that.
+        die_with_parent()
     if info.launcher in ("local", "none"):
         from partrain.distributed.spawn import local_network_env
 
