@@ -79,7 +79,8 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
 # probe's step times are medians of 9 rounds of 10 steps, not 3 of 30 (``measure_pipeline_hops``).
 # 10: with 4 or more workers, the probe also runs on every worker at once (``pipeline_side_by_side``)
 # 11: ``fsdp_unit``, a ``fully_shard`` unit's collectives as FSDP drives them (``profile.collectives``)
-MEASUREMENT = 11
+# 12: across nodes of several workers, the collectives over the whole world too (``profile.hardware._tier_plans``)
+MEASUREMENT = 12
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
 MODEL_MEASUREMENT = 2
