@@ -14,6 +14,7 @@ from partrain.distributed.launch import (
     free_port,
     peer_left,
 )
+from partrain.distributed.spawn import _state
 from partrain.errors import PartrainError
 
 
@@ -144,9 +145,5 @@ def test_torchruns_workers_die_with_it_when_it_is_killed_outright(tmp_path):
 
 
 def _running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    """True while ``pid`` exists and is not a zombie (the kernel's state, as ``spawn`` reads it)."""
+    return _state(pid) not in ("", "Z")

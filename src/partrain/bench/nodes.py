@@ -35,7 +35,7 @@ from partrain.testing.netns import EmulatedNodes, Link, torchrun_across
 
 LINK_PROFILE_S, LINK_PROFILE_CAP_MB = 0.1, 64.0  # the link profile's largest message: 0.1 s of the rate, at most 64 MiB
 # a link profile is not a cell: the suite's timeout per cell bounds it only from below. Across
-# 2 nodes of 2 workers at 100 Mbit/s it took 316 s (issue 18), past the nodes suite's 300
+# 2 nodes of 2 workers at 100 Mbit/s it took 316 s (issue 18), past the nodes suite's 300 s
 LINK_PROFILE_TIMEOUT_S = 1200.0
 
 # runs processes with a timeout: bench.processes.run_processes, passed in by the runner

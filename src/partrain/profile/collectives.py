@@ -159,9 +159,8 @@ def _measure_collectives(group, group_ranks, pair, sizes, device, alone) -> tupl
     notes: list[str] = []
     for name in COLLECTIVES:
         if name == "sendrecv":
-            if pair is None:
-                continue
-            results[name] = [(n, _timed(_ping_pong(n, *pair, device), repeats_for(n)) / 2) for n in sizes]
+            if pair is not None:
+                results[name] = [(n, _timed(_ping_pong(n, *pair, device), repeats_for(n)) / 2) for n in sizes]
             continue
         if name == "ddp_allreduce":
             results[name] = [(n, _ddp_sync_cost(n, group, alone, inside, device)) for n in sizes]
