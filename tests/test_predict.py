@@ -764,14 +764,18 @@ def test_predict_says_why_no_plan_of_the_strategies_asked_can_run(tmp_path, caps
     assert main([*common, "--model", "tests.userfactory:plain", "--strategies", "warp"]) == 2
     assert "unknown strategy 'warp'" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # refused before anything was measured
-    # a plain module's pipelines are cut by the tracer at run time, and not predicted: an empty table said nothing
-    assert main([*common, "--model", "tests.userfactory:plain", "--strategies", "gpipe"]) == 2
+    # a plain module the tracer cannot split has no pipelines to predict: an empty table said nothing
+    assert main([*common, "--model", "tests.gallery:untraceable", "--strategies", "gpipe"]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith("partrain: error: no plan of gpipe can run tests.userfactory:plain on 2 worker(s)")
+    assert line.startswith("partrain: error: no plan of gpipe can run tests.gallery:untraceable on 2 worker(s)")
     assert "one block to the profiler" in line and "return (module, blocks)" in line
-    assert main([*common, "--model", "tests.userfactory:plain", "--strategies", "hybrid"]) == 2
+    assert main([*common, "--model", "tests.gallery:untraceable", "--strategies", "hybrid"]) == 2
     assert "hybrid on pp x dp" in capsys.readouterr().err
-    assert main([*common, "--model", "tests.userfactory:plain", "--strategies", "ddp,gpipe"]) == 0  # what can run, shown
+    assert main([*common, "--model", "tests.gallery:untraceable", "--strategies", "ddp,gpipe"]) == 0  # what can run, shown
+    capsys.readouterr()
+    # one the tracer splits is predicted like a model with blocks: its pieces are its blocks
+    assert main([*common, "--model", "tests.userfactory:plain", "--strategies", "gpipe", "--json"]) == 0
+    assert any(p["label"].startswith("gpipe") for p in json.loads(capsys.readouterr().out)["predictions"])
 
 
 # ---- validation ---------------------------------------------------------------------------

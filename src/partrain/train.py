@@ -184,7 +184,7 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
     result = RunResult(cfg.to_dict(), ctx.world_size, ctx.backend, threads, count_parameters(model),
                        steps_per_epoch=steps_per_epoch)
     if part is not None:
-        result.partition, result.split_points = describe(part, getattr(stepper, "cut_blocks", blocks)), part.split_points
+        result.partition, result.split_points = describe(part, stepper.cut_blocks), part.split_points
 
     # --- resume: position, weights, optimizer state and RNG, as they were
     meta = checkpoint.run_meta(cfg, part.split_points if part is not None else None)

@@ -52,8 +52,8 @@ def model_blocks(model: nn.Module) -> list[nn.Module]:
     """The ordered blocks of ``model``: applied in order to an input, they compute ``model(input)``.
 
     The blocks a user factory returned; else the children of an ``nn.Sequential`` (every zoo
-    model is one); else ``[model]``, a single block, which pipelines cut with
-    ``torch.distributed.pipelining``'s tracer instead (``strategies/traced.py``).
+    model is one); else ``[model]``, a single block, which pipelines split into blocks with
+    ``torch.distributed.pipelining``'s tracer (``strategies/traced.py``).
     """
     blocks = getattr(model, _BLOCKS_ATTR, None)
     if blocks is not None:

@@ -78,12 +78,12 @@ def pipeline_refusal(cfg, n_blocks: int) -> str | None:
 
 
 def untraced_refusal(model: str, n_blocks: int, n_stages: int) -> str | None:
-    """Why a pipeline of a plain module (one block to the profiler) is not predicted: the run
-    cuts it with the tracer, which the profile does not run. None when there are blocks to cut."""
+    """Why a pipeline of a one-block profile is not predicted: a plain module the tracer could
+    not split into pieces (``strategies.traced``), whose pipelines the run refuses too. None
+    when there are blocks to cut."""
     if n_blocks == 1 < n_stages:
-        return (f"{model} is one block to the profiler (a module with no blocks): its pipeline stages are cut at run "
-                "time by the tracer and not predicted; return (module, blocks) from the factory to predict them, "
-                "or predict a data-parallel strategy")
+        return (f"{model} is one block to the profiler: a plain module torch.export could not trace into pieces, "
+                "whose pipelines cannot run; return (module, blocks) from the factory, or use a data-parallel strategy")
     return None
 
 

@@ -83,7 +83,8 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
 MEASUREMENT = 12
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
-MODEL_MEASUREMENT = 2
+# 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.
+MODEL_MEASUREMENT = 3
 
 
 class PipelineRuntime(NamedTuple):

@@ -63,6 +63,7 @@ from partrain.profile.timing import (
     timed,
 )
 from partrain.progress import phase
+from partrain.strategies.traced import TracedSpan, traced_blocks
 from partrain.strategies.base import (
     loss_fn,  # class or per-token cross-entropy, as training scores it
 )
@@ -206,10 +207,13 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         torch.manual_seed(seed)
         net = place(build_model(model, spec.input_shape, spec.num_classes, **options), dev, channels_last)
         blocks = model_blocks(net)
+        plain = len(blocks) == 1  # one block: the pipelines run the tracer's pieces (strategies.traced)
         per_batch = []
         for i, b in enumerate(batch_sizes):
-            phase(f"profile {model}", f"timing {len(blocks)} blocks forward and backward at batch {b} ({i + 1} of {len(batch_sizes)})")
             x = place_input(train_set.get(torch.arange(b) % len(train_set))[0], dev, channels_last)
+            if plain:
+                blocks = _traced_pieces(net, x, blocks if i else None)
+            phase(f"profile {model}", f"timing {len(blocks)} blocks forward and backward at batch {b} ({i + 1} of {len(batch_sizes)})")
             per_batch.append((_profile_blocks(blocks, x, watch, amp),
                               _time_loss_and_data(net, train_set, b, dev, amp, channels_last)))
         block_profiles = [
@@ -264,6 +268,21 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
     )
 
 
+def _traced_pieces(net: nn.Module, x, first: list[nn.Module] | None) -> list[nn.Module]:
+    """A plain module's blocks at ``x``'s batch size, as the pipelines cut it: the pieces of its
+    trace, traced again at every batch size (``torch.export`` may fix it in a reshape), the same
+    pieces every time (``first``, the first batch's). A module the tracer cannot split stays one
+    block: its pipelines are refused, by the run and by the predictor."""
+    try:
+        pieces = traced_blocks(net, x)
+    except PartrainError:
+        pieces = [net]
+    if first is not None and len(pieces) != len(first):
+        raise PartrainError(f"{type(net).__name__} traced into {len(first)} pieces at one batch size and "
+                            f"{len(pieces)} at another: return (model, blocks) from the factory")
+    return pieces
+
+
 def _cpu_loop(memory: dict) -> list[float]:
     """partrain's serial loop at every profiled batch size on a CPU: its time on a world of one
     at the smallest size, grown as the probe's bare loop grows (load a new batch, forward,
@@ -282,6 +301,8 @@ def _cpu_loop(memory: dict) -> list[float]:
 
 
 def _name_of(model: nn.Module, block: nn.Module) -> str:
+    if isinstance(block, TracedSpan):
+        return block.begins
     return next((name for name, m in model.named_modules() if m is block), "") or type(block).__name__
 
 

@@ -23,8 +23,8 @@ Each micro-batch loss is a mean and the schedules divide gradients by M
 
 What crosses a stage boundary (tensors of any dtype and rank, tuples of them; views made
 contiguous) is ``boundary.py``'s business; weights tied across stages are summed over
-their holders (``tied.py``); a plain ``nn.Module`` without blocks is cut by pipelining's
-own tracer (``traced.py``).
+their holders (``tied.py``); a plain ``nn.Module`` without blocks is split into blocks by
+pipelining's own tracer (``traced.py``).
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ class PipelineStepper(Stepper):
         self.has_loss = any(s.is_last for s in stages)
         self.loads_data = self.is_first or self.has_loss
         self.partition: Partition | None = None
+        self.cut_blocks: list[nn.Module] = []  # the blocks ``partition`` indexes (a plain module's: the tracer's pieces)
         self.tied = []  # TiedGroups this worker belongs to
         self._losses: list[torch.Tensor] = []
 
@@ -161,24 +162,23 @@ def check_pipeline(model: nn.Module, build, cfg: RunConfig, sample) -> None:
     (shapes and types, no arithmetic, nothing allocated); ``build()`` makes a real one when
     needed. Blocks: the cut's arithmetic and what every block returns, probed on ``model``'s
     device (on a real model where an op has no meta kernel or reads values). A plain
-    module: its candidate submodules and a trace by ``torch.export`` of a real model (about
-    a second for a small one).
+    module: the same, over the blocks ``torch.export``'s trace of a real model splits it into
+    (about a second for a small one).
     """
     from partrain.models import model_blocks
 
     n_stages = cfg.dims.pp * cfg.stages_per_worker
     blocks = model_blocks(model)
-    if len(blocks) == 1 and n_stages > 1:
-        from partrain.strategies.traced import choose_cut, trace
+    traced = len(blocks) == 1 and n_stages > 1
+    if traced:  # a plain module: its blocks are the tracer's pieces of a real one
+        from partrain.strategies.traced import traced_blocks
 
-        if cfg.dims.dp > 1:
-            raise PartrainError(f"hybrid with dp > 1 needs {cfg.model}'s blocks: return (model, blocks) from the factory, or use --dp 1")
-        real = build()
-        part, names = choose_cut(real, n_stages, sample, "params", cfg.split_points)
-        trace(real, part, names, sample)
-        return
+        blocks = traced_blocks(build(), sample)
     if reason := pipeline_refusal(cfg, len(blocks)):
         raise PartrainError(reason)
+    if traced:  # traced for the sample's batch: probed on it
+        probe_boundaries(blocks, sample)
+        return
     try:
         probe_boundaries(blocks, sample.to(next(model.parameters(), sample).device))
     except PartrainError:
@@ -195,11 +195,13 @@ def parallelize_pipeline(
     n_stages = pp * v
     micro = cfg.num_microbatches
     mb_sample = sample[: max(1, cfg.batch_size // ctx.dims.dp // micro)]
-    if len(blocks) == 1 and n_stages > 1:  # a plain module: pipelining's tracer cuts it
-        from partrain.strategies.traced import parallelize_traced
+    probe = sample[:2]
+    if len(blocks) == 1 and n_stages > 1:  # a plain module: pipelining's tracer cuts it into blocks
+        from partrain.strategies.traced import traced_blocks
 
-        return parallelize_traced(model, cfg, ctx, mb_sample)
-    crossings = probe_boundaries(blocks, sample[:2])  # every rank: each stage unpacks what it receives
+        blocks = traced_blocks(model, mb_sample)  # every rank traces the same model the same way
+        probe = mb_sample  # the trace may have fixed the batch size
+    crossings = probe_boundaries(blocks, probe)  # every rank: each stage unpacks what it receives
     part = choose_partition(blocks, n_stages, cfg, ctx, mb_sample)
     tied = tied_groups([blocks[a:b] for a, b in part.bounds], pp, ctx.dims.dp, ctx.pp_rank, ctx.dp_rank) if pp > 1 else []
     pp_group = ctx.group("pp")
@@ -224,7 +226,7 @@ def parallelize_pipeline(
         stages.append(TracedStage(module, s, n_stages, ctx.device, input_args=inputs, output_args=outputs,
                                   group=pp_group, events=ctx.events, autocast=autocast))
     stepper = build_stepper(stages, modules, cfg, ctx)
-    stepper.partition, stepper.tied = part, tied
+    stepper.partition, stepper.cut_blocks, stepper.tied = part, blocks, tied
     return stepper
 
 
