@@ -63,10 +63,10 @@ from partrain.profile.timing import (
     timed,
 )
 from partrain.progress import phase
-from partrain.strategies.traced import TracedSpan, traced_blocks
 from partrain.strategies.base import (
     loss_fn,  # class or per-token cross-entropy, as training scores it
 )
+from partrain.strategies.traced import TracedSpan, traced_blocks
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
 OPTIMIZER_REPEATS = 10
