@@ -11,6 +11,7 @@ every strategy on two workers, so each must step in milliseconds. Image factorie
 - ``tuple_out``:  token ids in; blocks pass ``(activations, ids)`` tuples, ints crossing stages
 - ``tied``:       embedding and head share one weight, the two ends of the pipeline
 - ``traced``:     a plain ``nn.Module`` (no blocks given), split by pipelining's tracer, views crossing its cuts
+- ``traced_tied``: a plain module whose first and last mixing layers share one weight, on either side of a cut
 - ``dict_out``:   a block returning a dict with a string in it: refused before any worker starts
 - ``untraceable``: a plain module with data-dependent control flow: refused with the fix
 """
@@ -184,6 +185,27 @@ class Traced(nn.Module):
 
 def traced(input_shape, num_classes):
     return Traced(num_classes)
+
+
+class TracedTied(nn.Module):
+    """A plain module with a weight used twice: ``Pipe`` copies it per piece, partrain ties it again."""
+
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.stem = nn.Linear(28 * 28, WIDTH)
+        self.first, self.middle, self.last = (nn.Linear(WIDTH, WIDTH) for _ in range(3))
+        self.last.weight = self.first.weight
+        self.head = nn.Linear(WIDTH, num_classes)
+
+    def forward(self, x):
+        h = torch.tanh(self.stem(x.flatten(1)))
+        h = h + torch.tanh(self.first(h))
+        h = h + torch.tanh(self.middle(h))
+        return self.head(h + torch.tanh(self.last(h)))
+
+
+def traced_tied(input_shape, num_classes):
+    return TracedTied(num_classes)
 
 
 class ReturnsDict(nn.Module):

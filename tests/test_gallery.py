@@ -187,6 +187,13 @@ def test_traced_module_on_a_2x2_hybrid_equals_serial():
     assert _rel(_run(**traced, strategy="hybrid", workers=4, pp=2, dp=2, microbatches=2), serial) <= 1e-4
 
 
+def test_a_weight_tied_in_a_traced_module_trains_as_serially():
+    # Pipe copies a weight two pieces use; tied again, its stages' gradients are summed (tied.py)
+    tied = dict(model="tests.gallery:traced_tied", **IMAGE)
+    split = _run(**tied, strategy="gpipe", workers=2, microbatches=2, split_points=[2])  # first | last: a stage each
+    assert _rel(split, _run(**tied)) <= 1e-4
+
+
 @pytest.mark.slow
 def test_traced_module_interleaved_equals_serial():
     traced = dict(model="tests.gallery:traced", **IMAGE)

@@ -79,9 +79,9 @@ def test_the_models_sharing_enters_pipelines_and_leaves_serial_alone(two_cores):
     assert a.seconds_per_step == b.seconds_per_step and not any("side by side" in n for n in b.notes)
 
 
-def test_a_module_without_blocks_is_one_block(two_cores):
-    """A plain module (no blocks, not Sequential) is profiled as one block: data parallel is
-    predicted, a pipeline plan is refused with the fix (the run cuts it with the tracer)."""
+def test_a_one_block_profile_predicts_data_parallel_and_refuses_pipelines(two_cores):
+    """A profile of one block (a plain module the tracer could not split): data parallel is
+    predicted, a pipeline plan is refused with the fix, as the run refuses it."""
     from partrain.errors import PartrainError
 
     whole = dataclasses.replace(_profile(two_cores.fingerprint, {2: 1.1}), blocks=[_block("", 3e-3)])

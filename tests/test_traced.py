@@ -76,6 +76,47 @@ def test_the_pieces_chained_are_the_module_forward_and_backward(make):
         torch.testing.assert_close(p.grad, want[n], rtol=1e-6, atol=1e-7)
 
 
+def test_a_weight_two_pieces_use_stays_the_models_one():
+    from tests.gallery import traced_tied
+
+    torch.manual_seed(0)
+    model, x = traced_tied((1, 28, 28), 10), torch.randn(4, 1, 28, 28)
+    blocks = traced_blocks(model, x)
+    held = {id(p) for b in blocks for p in b.parameters()}
+    assert held == {id(p) for p in model.parameters()}  # Pipe's per-piece copy of the tie is gone
+    assert any(model.first.weight is p for p in blocks[1].parameters())
+    assert any(model.first.weight is p for p in blocks[3].parameters())
+    model(x).square().sum().backward()
+    want = model.first.weight.grad.clone()
+    model.zero_grad(set_to_none=True)
+    _chain(blocks, x).square().sum().backward()
+    torch.testing.assert_close(model.first.weight.grad, want, rtol=1e-6, atol=1e-7)  # both uses' gradients
+
+
+class Noisy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.norm, self.drop, self.head = nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.drop(self.norm(self.a(x))))
+
+
+def test_the_probes_before_training_leave_no_trace_on_traced_pieces():
+    # the trace recorded BatchNorm and dropout in training mode, where eval() does not reach
+    from partrain.strategies.boundary import probe_boundaries, stage_examples
+    from partrain.strategies.pipeline import stage_module
+
+    model, x = Noisy(), torch.randn(6, 8)
+    blocks = traced_blocks(model, x)
+    stats, rng = model.norm.running_mean.clone(), torch.get_rng_state()
+    crossings = probe_boundaries(blocks, x)
+    stage_examples([stage_module(blocks[:2], False, None), stage_module(blocks[2:], False, crossings[1])], x)
+    torch.testing.assert_close(model.norm.running_mean, stats, rtol=0, atol=0)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert model.norm.num_batches_tracked.item() == 0
+
+
 def test_a_residual_crosses_the_pieces_it_skips():
     model, x = LongSkip(), torch.randn(5, 8)
     a, b, c, head = traced_blocks(model, x)

@@ -258,7 +258,7 @@ def validate(rows: list[dict], profile_for, hardware_for, fingerprint: str, devi
             hardware[cfg.workers] = hardware_for(cfg.workers)
         try:
             pred = predict_plan(profiles[key], hardware[cfg.workers], Plan.from_config(cfg))
-        except PartrainError as err:  # a plan the predictor refuses (a traced pipeline of a one-block profile)
+        except PartrainError as err:  # a plan the predictor refuses (a pipeline of a one-block profile)
             skipped.append(f"{cfg.model}/{cfg.dataset} {cfg.strategy} x{cfg.workers}: not predicted: {err}")
             continue
         cases.append(_case(group, cfg, pred))

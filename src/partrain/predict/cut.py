@@ -82,7 +82,7 @@ def untraced_refusal(model: str, n_blocks: int, n_stages: int) -> str | None:
     not split into pieces (``strategies.traced``), whose pipelines the run refuses too. None
     when there are blocks to cut."""
     if n_blocks == 1 < n_stages:
-        return (f"{model} is one block to the profiler: a plain module torch.export could not trace into pieces, "
+        return (f"{model} is one block to the profiler: a plain module the tracer could not split into pieces, "
                 "whose pipelines cannot run; return (module, blocks) from the factory, or use a data-parallel strategy")
     return None
 

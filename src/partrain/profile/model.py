@@ -270,9 +270,9 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
 
 def _traced_pieces(net: nn.Module, x, first: list[nn.Module] | None) -> list[nn.Module]:
     """A plain module's blocks at ``x``'s batch size, as the pipelines cut it: the pieces of its
-    trace, traced again at every batch size (``torch.export`` may fix it in a reshape), the same
-    pieces every time (``first``, the first batch's). A module the tracer cannot split stays one
-    block: its pipelines are refused, by the run and by the predictor."""
+    trace, traced again at every batch size (``torch.export`` may fix it in a reshape), as many
+    as at the first (``first``, the first batch's pieces). A module the tracer cannot split stays
+    one block: its pipelines are refused, by the run and by the predictor."""
     try:
         pieces = traced_blocks(net, x)
     except PartrainError:

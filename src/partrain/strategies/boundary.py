@@ -16,6 +16,7 @@ buffers, and a block that ends in a transpose or a slice returns a strided view.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,22 @@ def crossing_of(value) -> Crossing | None:
     return None
 
 
+@contextlib.contextmanager
+def leaves_no_trace(modules: list[nn.Module]):
+    """What runs inside draws nothing from the run's random stream (dropout) and leaves the
+    modules' buffers (BatchNorm's running statistics) as they were. Eval mode alone does not
+    do it for the tracer's pieces: ``torch.export`` recorded their dropout and BatchNorm in
+    training mode, and ``eval()`` does not reach inside a graph."""
+    buffers = [(b, b.detach().clone()) for m in modules for b in m.buffers()]
+    try:
+        with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):
+            yield
+    finally:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+
+
 def _block_name(i: int, block: nn.Module) -> str:
     return f"block {i} ({type(block).__name__})"
 
@@ -58,31 +75,33 @@ def _block_name(i: int, block: nn.Module) -> str:
 def probe_boundaries(blocks: list[nn.Module], sample) -> list[Crossing]:
     """What every block returns on ``sample`` (two samples suffice); refuses what cannot cross.
 
-    Costs one forward of the model on the sample. Blocks run in eval mode, so dropout draws
-    no random numbers and BatchNorm updates no running statistics: the run that follows
-    starts exactly as it would have without the probe.
+    Costs one forward of the model on the sample. Blocks run in eval mode and leave no trace
+    (``leaves_no_trace``): dropout draws nothing from the run's random stream and BatchNorm's
+    statistics stay as they were, so the run that follows starts exactly as it would have
+    without the probe.
     """
     modes = [(m, m.training) for b in blocks for m in b.modules()]
     for b in blocks:
         b.eval()
     try:
-        x, found = sample, []
-        for i, block in enumerate(blocks):
-            x = block(x)
-            kind = crossing_of(x)
-            last = i == len(blocks) - 1
-            if last and not isinstance(x, torch.Tensor):
-                raise PartrainError(
-                    f"{_block_name(i, block)} is the model's last block and returns {_describe(x)}: "
-                    "the last block must return the logits as one tensor"
-                )
-            if kind is None:
-                raise PartrainError(
-                    f"{_block_name(i, block)} returns {_describe(x)}, which cannot cross a pipeline stage: "
-                    "return a tensor or a tuple of tensors from it, or use a data-parallel strategy (ddp, fsdp)"
-                )
-            found.append(kind)
-        return found
+        with leaves_no_trace(blocks):  # eval mode does not reach inside a traced piece
+            x, found = sample, []
+            for i, block in enumerate(blocks):
+                x = block(x)
+                kind = crossing_of(x)
+                last = i == len(blocks) - 1
+                if last and not isinstance(x, torch.Tensor):
+                    raise PartrainError(
+                        f"{_block_name(i, block)} is the model's last block and returns {_describe(x)}: "
+                        "the last block must return the logits as one tensor"
+                    )
+                if kind is None:
+                    raise PartrainError(
+                        f"{_block_name(i, block)} returns {_describe(x)}, which cannot cross a pipeline stage: "
+                        "return a tensor or a tuple of tensors from it, or use a data-parallel strategy (ddp, fsdp)"
+                    )
+                found.append(kind)
+            return found
     finally:
         for m, mode in modes:
             m.training = mode
@@ -143,20 +162,21 @@ def stage_examples(stages: list[Stage], mb_sample: torch.Tensor) -> list[tuple[t
     Given these, ``PipelineStage`` sizes its send and receive buffers from them instead of
     inferring them by running each stage on uninitialised tensors, which would hand an
     embedding garbage token ids. Costs one forward of the model on one micro-batch (eval
-    mode: no RNG drawn, no statistics updated). Received floats carry gradients back; the
+    mode, ``leaves_no_trace``: no RNG drawn, no statistics updated). Received floats carry gradients back; the
     first stage's input (the data) does not.
     """
     modes = [(m, m.training) for st in stages for m in st.modules()]
     for st in stages:
         st.eval()
     try:
-        examples, args = [], (mb_sample,)
-        for s, stage in enumerate(stages):
-            out = stage(*(_widened(a) for a in args))
-            outs = out if isinstance(out, tuple) else (out,)
-            examples.append((tuple(_meta(a, s > 0) for a in args), tuple(_meta(o, True) for o in outs)))
-            args = outs
-        return examples
+        with leaves_no_trace(stages):
+            examples, args = [], (mb_sample,)
+            for s, stage in enumerate(stages):
+                out = stage(*(_widened(a) for a in args))
+                outs = out if isinstance(out, tuple) else (out,)
+                examples.append((tuple(_meta(a, s > 0) for a in args), tuple(_meta(o, True) for o in outs)))
+                args = outs
+            return examples
     finally:
         for m, mode in modes:
             m.training = mode

@@ -19,6 +19,7 @@ from partrain.predict.cut import (
     bounds_from_split_points,
     pipeline_refusal,  # noqa: F401  (runner.py asks here)
 )
+from partrain.strategies.boundary import leaves_no_trace
 
 
 def param_costs(blocks: list[nn.Module]) -> list[float]:
@@ -47,9 +48,8 @@ def measure_block_times(blocks: list[nn.Module], sample, repeats: int = 3) -> li
     forked (dropout draws nothing from the run's stream) and buffers such as BatchNorm's
     running statistics are put back as they were.
     """
-    buffers = [(b, b.detach().clone()) for blk in blocks for b in blk.buffers()]
     times, x = [], sample
-    with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):
+    with leaves_no_trace(blocks):
         for block in blocks:
             x = _fresh_input(x)
             samples = []
@@ -62,9 +62,6 @@ def measure_block_times(blocks: list[nn.Module], sample, repeats: int = 3) -> li
             block.zero_grad(set_to_none=True)
             times.append(statistics.median(samples))
             x = out
-    with torch.no_grad():
-        for b, saved in buffers:
-            b.copy_(saved)
     return times
 
 

@@ -17,6 +17,11 @@ the profiler measures the same blocks, so the predictor cuts where the run will.
 Costs: one trace (about a second for a small model) on every worker, and on the first stage
 of a cut that a residual crosses, the residual's bytes sent once more per stage it skips
 (the tracer's own stages would send it straight to its reader).
+
+What differs from a model with blocks: the trace records dropout and BatchNorm as they run
+in training, and ``eval()`` does not reach inside the graph, so a pipeline's evaluation of
+such a module runs them as in training (dropout on, batch statistics). The probes before
+training leave no trace (``boundary.leaves_no_trace``).
 """
 
 from __future__ import annotations
@@ -76,7 +81,8 @@ class TracedSpan(nn.Module):
     ``args`` picks the piece's arguments from the values it receives; ``out`` lists what it
     returns, each ``("in", i)`` (received value i, passed through) or ``("made", k)`` (the
     piece's output k, or its only output for k None). One value travels bare, several as a
-    tuple: the first span takes the model's input, the last returns the model's output.
+    tuple: the first span takes the model's input, the last returns the model's output when
+    that is one tensor (what a pipeline's last block must return).
     """
 
     begins = ""  # the submodule it begins at, for people reading a profile
@@ -138,9 +144,10 @@ def _compiled_submodules():
 def traced_blocks(model: nn.Module, sample) -> list[nn.Module]:
     """``model`` traced on ``sample`` and split before every candidate: its blocks.
 
-    The blocks share ``model``'s parameters. ``torch.export`` may bake the sample's batch
-    size into a reshape, so the blocks are for batches of ``sample``'s size. A model that
-    cannot be traced gets one line saying why and what to do.
+    The blocks hold ``model``'s own parameters (a tied one too: ``_tie_again``).
+    ``torch.export`` may bake the sample's batch size into a reshape, so the blocks are for
+    batches of ``sample``'s size. A model that cannot be traced gets one line saying why and
+    what to do.
     """
     names = split_candidates(model, sample)
     spec = {name: SplitPoint.BEGINNING for name in names[1:]}
@@ -158,7 +165,42 @@ def traced_blocks(model: nn.Module, sample) -> list[nn.Module]:
             m = model.get_submodule(name)
             m.__dict__.pop("forward", None)
             m.__dict__.pop("_orig_forward", None)
+    _tie_again(pipe, model)
     spans = _spans(pipe.split_gm, model)
-    for i, span in enumerate(spans):  # the tracer splits where it was asked, or fewer times
-        span.begins = names[i] if len(spans) == len(names) else f"piece {i}"
+    for i, span in enumerate(spans):  # pieces that do not depend on each other may come in another order
+        span.begins = next((n for n in names if _holds(span.graph, n)), f"piece {i}")
     return spans
+
+
+def _holds(graph: nn.Module, name: str) -> bool:
+    try:
+        graph.get_submodule(name)
+        return True
+    except AttributeError:
+        return False
+
+
+def _tie_again(pipe, model: nn.Module) -> None:
+    """A parameter two pieces use (an embedding tied to the head) is one parameter again.
+
+    ``Pipe`` gives each piece its own deep copy of it, so that its pipelines' stages each
+    count their own gradient; as blocks of one model the pieces must share it, as the model
+    does: every user gets the model's own parameter back (the name a piece holds it under is
+    the model's), or where no name finds it, the first piece's copy. ``tied.py`` then sums its
+    gradients over the stages that hold it, as for any model's blocks.
+    """
+    for users in pipe.replicated_params:  # each: {piece: the parameter's name inside it}
+        holders = []
+        for piece, qualname in users.items():
+            path, _, leaf = qualname.rpartition(".")
+            holders.append((pipe.split_gm.get_submodule(piece).get_submodule(path), leaf, qualname))
+        own = None
+        for _, _, qualname in holders:
+            try:
+                own = model.get_parameter(qualname)
+                break
+            except AttributeError:
+                continue
+        own = own if own is not None else getattr(holders[0][0], holders[0][1])
+        for owner, leaf, _ in holders:
+            setattr(owner, leaf, own)
