@@ -168,16 +168,9 @@ def traced_blocks(model: nn.Module, sample) -> list[nn.Module]:
     _tie_again(pipe, model)
     spans = _spans(pipe.split_gm, model)
     for i, span in enumerate(spans):  # pieces that do not depend on each other may come in another order
-        span.begins = next((n for n in names if _holds(span.graph, n)), f"piece {i}")
+        held = dict(span.graph.named_modules())
+        span.begins = next((n for n in names if n in held), f"piece {i}")
     return spans
-
-
-def _holds(graph: nn.Module, name: str) -> bool:
-    try:
-        graph.get_submodule(name)
-        return True
-    except AttributeError:
-        return False
 
 
 def _tie_again(pipe, model: nn.Module) -> None:
@@ -189,18 +182,12 @@ def _tie_again(pipe, model: nn.Module) -> None:
     the model's), or where no name finds it, the first piece's copy. ``tied.py`` then sums its
     gradients over the stages that hold it, as for any model's blocks.
     """
+    models = dict(model.named_parameters(remove_duplicate=False))  # a tie under each of its names
     for users in pipe.replicated_params:  # each: {piece: the parameter's name inside it}
-        holders = []
-        for piece, qualname in users.items():
+        holders = [(pipe.split_gm.get_submodule(piece), qualname) for piece, qualname in users.items()]
+        first_piece, first_name = holders[0]
+        own = next((models[q] for _, q in holders if q in models), None)
+        own = first_piece.get_parameter(first_name) if own is None else own
+        for piece, qualname in holders:
             path, _, leaf = qualname.rpartition(".")
-            holders.append((pipe.split_gm.get_submodule(piece).get_submodule(path), leaf, qualname))
-        own = None
-        for _, _, qualname in holders:
-            try:
-                own = model.get_parameter(qualname)
-                break
-            except AttributeError:
-                continue
-        own = own if own is not None else getattr(holders[0][0], holders[0][1])
-        for owner, leaf, _ in holders:
-            setattr(owner, leaf, own)
+            setattr(piece.get_submodule(path), leaf, own)
