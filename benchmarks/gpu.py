@@ -103,8 +103,9 @@ def plain_run(case: Case, steps: int, data_dir: str, device: torch.device) -> li
 
 
 def partrain_run(case: Case, steps: int, data_dir: str) -> list[float]:
+    per_epoch = len(load_dataset(case.dataset, "train", data_dir=data_dir)) // case.batch
     cfg = RunConfig(model=case.model, dataset=case.dataset, data_dir=data_dir, batch_size=case.batch, steps=steps,
-                    evaluate=False, precision=case.precision, channels_last=case.channels_last, compile=case.compile)
+                    epochs=-(-steps // per_epoch), evaluate=False, precision=case.precision, channels_last=case.channels_last, compile=case.compile)
     return run_training(cfg, show_progress=False).step_seconds
 
 
@@ -130,6 +131,7 @@ def main() -> int:
     parser.add_argument("--compile-rounds", type=int, default=2, help="rounds for the torch.compile row")
     parser.add_argument("--json", help="write the figures to this JSON file")
     parser.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark on, for both")
+    parser.add_argument("--only", help="only the rows whose label contains one of these comma-separated strings")
     parser.add_argument("--allow-cpu", action="store_true", help="without a GPU: a tiny smoke run on the CPU")
     args = parser.parse_args()
     if not torch.cuda.is_available() and not args.allow_cpu:
@@ -138,6 +140,8 @@ def main() -> int:
         return 2
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     cases, steps = (GPU_CASES, args.steps) if device.type == "cuda" else (CPU_CASES, min(args.steps, WARMUP + 5))
+    if args.only:
+        cases = [c for c in cases if any(part in c.label for part in args.only.split(","))]
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
     print(f"{name}, torch {torch.__version__}, {steps} steps per run ({WARMUP} warm-up), {args.rounds} alternating "
@@ -146,10 +150,16 @@ def main() -> int:
     rows, start = [], time.perf_counter()
     for case in cases:
         rounds = args.compile_rounds if case.compile else args.rounds
-        row = measure(case, steps, rounds, args.data_dir, device)
+        try:
+            row = measure(case, steps, rounds, args.data_dir, device)
+        except Exception as exc:  # one broken row must not cost the others (device time is short)
+            print(f"| {case.label} | failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]} | | |", flush=True)
+            rows.append({**asdict(case), "label": case.label, "error": f"{type(exc).__name__}: {exc}"})
+            continue
         rows.append(row)
-        print(f"| {case.label} | {row['plain_s'] * 1e3:.2f} ms | {row['partrain_s'] * 1e3:.2f} ms | {row['ratio']:.2f} |",
-              flush=True)
+        rounds_ms = "; ".join(f"{k} " + " ".join(f"{v * 1e3:.2f}" for v in vs) for k, vs in row["rounds"].items())
+        print(f"| {case.label} | {row['plain_s'] * 1e3:.2f} ms | {row['partrain_s'] * 1e3:.2f} ms | {row['ratio']:.2f} |"
+              f"  rounds: {rounds_ms}", flush=True)
     print(f"\n{time.perf_counter() - start:.0f} s in all", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -3,9 +3,9 @@
     PYTHONPATH=src python benchmarks/gpu_predict.py [--steps 100] [--json out.json]
     PYTHONPATH=src python benchmarks/gpu_predict.py --allow-cpu      # a tiny smoke on CPU
 
-For each configuration (model x dataset x batch x precision; 8 by default: cnn/mnist 64 and
-512, resnet18/cifar10 64 and 256 at fp32 and bf16, resnet50/imagenet synthetic 128 at fp32
-and bf16) it
+For each configuration (model x dataset x batch x precision; 10 by default: cnn/mnist 64 and
+512 and resnet18/cifar10 64 and 256, each at fp32 and bf16, and resnet50/imagenet synthetic 128
+at fp32 and bf16; ``--only cnn,resnet18`` leaves the 8 of the first two models) it
 
 1. profiles and predicts: ``partrain predict --strategies serial --json`` at the
    configuration's precision, with one profile per (model, precision) covering its batch
@@ -40,7 +40,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 # (model, dataset, batch, precision): the issue's >= 8 configurations
 GPU_CONFIGS = [
-    ("cnn", "mnist", 64, "fp32"), ("cnn", "mnist", 512, "fp32"),
+    ("cnn", "mnist", 64, "fp32"), ("cnn", "mnist", 512, "fp32"), ("cnn", "mnist", 64, "bf16"), ("cnn", "mnist", 512, "bf16"),
     ("resnet18", "cifar10", 64, "fp32"), ("resnet18", "cifar10", 256, "fp32"),
     ("resnet18", "cifar10", 64, "bf16"), ("resnet18", "cifar10", 256, "bf16"),
     ("resnet50", "imagenet", 128, "fp32"), ("resnet50", "imagenet", 128, "bf16"),
@@ -79,7 +79,7 @@ def partrain(*argv: str) -> tuple[dict, float]:
                           check=False)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
-        sys.exit(f"partrain {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"partrain {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1]), wall
 
 
@@ -103,23 +103,36 @@ def measure(configs, args, device: str) -> tuple[list[Row], float]:
         sizes.setdefault((model, dataset, precision), set()).add(batch)
     rows, profiles = [], {}
     for model, dataset, batch, precision in configs:
-        synthetic = args.synthetic or dataset in GENERATED_ONLY or not has_data(dataset, args.data_dir)
-        common = ["--model", model, "--dataset", dataset, "--batch-size", str(batch), "--precision", precision,
-                  *(["--synthetic"] if synthetic else []), *(["--data-dir", args.data_dir] if args.data_dir else [])]
-        covering = ",".join(map(str, sorted(sizes[(model, dataset, precision)])))
-        print(f"{model}/{dataset} b{batch} {precision}: predicting (profile at batches {covering})...", file=sys.stderr)
-        predicted, _ = partrain("predict", *common, "--strategies", "serial", "--device", device,
-                                "--profile-batch-sizes", covering, "--profile-dir", profile_dir)
-        (serial,) = predicted["predictions"]
-        if not predicted["profile_reused"]:  # this prediction measured its profile
-            profiles[predicted["model_profile"]] = predicted["profile_seconds"]
-        print(f"{model}/{dataset} b{batch} {precision}: training {args.steps} steps...", file=sys.stderr)
-        ran, wall = partrain("train", *common, "--steps", str(args.steps), "--no-eval")
-        step = ran["summary"]["seconds_per_step"]
-        rows.append(Row(model, dataset, batch, precision, serial["median_step_s"], step,
-                        serial["memory_bytes_per_worker"], ran["peak_memory_bytes"], wall,
-                        step * serial["steps_per_epoch"]))
+        try:
+            r = measure_one(model, dataset, batch, precision, sorted(sizes[(model, dataset, precision)]), profile_dir,
+                            profiles, args, device)
+            rows.append(r)
+            print(f"{model}/{dataset} b{batch} {precision}: predicted {r.predicted_s * 1e3:.2f} ms, measured "
+                  f"{r.measured_s * 1e3:.2f} ms ({r.error:+.1%}); memory {r.predicted_bytes / 2**20:.0f} MiB against "
+                  f"{r.measured_bytes / 2**20:.0f} MiB ({r.memory_error:+.1%}); profiles so far "
+                  f"{sum(profiles.values()):.1f} s", file=sys.stderr, flush=True)
+        except RuntimeError as exc:  # one broken configuration must not cost the others (device time is short)
+            print(f"{model}/{dataset} b{batch} {precision}: FAILED\n{exc}", file=sys.stderr)
     return rows, sum(profiles.values())
+
+
+def measure_one(model, dataset, batch, precision, covering, profile_dir, profiles, args, device) -> Row:
+    """One configuration predicted (its profile's cost into ``profiles`` when it measured one), then trained."""
+    synthetic = args.synthetic or dataset in GENERATED_ONLY or not has_data(dataset, args.data_dir)
+    common = ["--model", model, "--dataset", dataset, "--batch-size", str(batch), "--precision", precision,
+              *(["--synthetic"] if synthetic else []), *(["--data-dir", args.data_dir] if args.data_dir else [])]
+    covering = ",".join(map(str, covering))
+    print(f"{model}/{dataset} b{batch} {precision}: predicting (profile at batches {covering})...", file=sys.stderr)
+    predicted, _ = partrain("predict", *common, "--strategies", "serial", "--device", device,
+                            "--profile-batch-sizes", covering, "--profile-dir", profile_dir)
+    (serial,) = predicted["predictions"]
+    if not predicted["profile_reused"]:  # this prediction measured its profile
+        profiles[predicted["model_profile"]] = predicted["profile_seconds"]
+    print(f"{model}/{dataset} b{batch} {precision}: training {args.steps} steps...", file=sys.stderr)
+    ran, wall = partrain("train", *common, "--steps", str(args.steps), "--no-eval")
+    step = ran["summary"]["seconds_per_step"]
+    return Row(model, dataset, batch, precision, serial["median_step_s"], step, serial["memory_bytes_per_worker"],
+               ran["peak_memory_bytes"], wall, step * serial["steps_per_epoch"])
 
 
 def report(rows: list[Row], profile_s: float, device: str) -> dict:
@@ -154,6 +167,8 @@ def main() -> None:
     parser.add_argument("--data-dir", default=os.environ.get("PARTRAIN_DATA_DIR"))
     parser.add_argument("--synthetic", action="store_true", help="generated data for every dataset")
     parser.add_argument("--profile-dir", help="profile cache (default: a fresh temporary one: the profiles' cost counts)")
+    parser.add_argument("--only", help="only the configurations whose model/dataset/batch/precision contains one of "
+                                       "these comma-separated strings")
     parser.add_argument("--allow-cpu", action="store_true", help="without a GPU: a tiny smoke on CPU (mlp, 2 configs)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
@@ -161,12 +176,16 @@ def main() -> None:
 
     if torch.cuda.is_available():
         configs, device = GPU_CONFIGS, "cuda"
+        if args.only:
+            configs = [c for c in configs if any(part in "/".join(map(str, c)) for part in args.only.split(","))]
     elif args.allow_cpu:
         configs, device, args.steps = CPU_CONFIGS, "cpu", min(args.steps, 20)
     else:
         sys.exit("gpu_predict: no CUDA GPU here; run it on a GPU machine (or --allow-cpu for a smoke test)")
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     rows, profile_s = measure(configs, args, device)
+    if not rows:
+        sys.exit("gpu_predict: every configuration failed (above)")
     out = report(rows, profile_s, f"{name}, torch {torch.__version__}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

@@ -160,9 +160,15 @@ def test_compile_gives_the_eager_losses(data_dir):
         torch.compile(lambda t: t * 2)(torch.ones(2))
     except Exception as err:  # noqa: BLE001 - any failure of the toolchain is a skip, not a defect here
         pytest.skip(f"inductor unavailable: {type(err).__name__}")
+    from torch._dynamo.utils import counters
+
     eager = train(data_dir, model="mlp")
-    compiled = train(data_dir, model="mlp", compile=True)
+    counters.clear()
+    compiled = train(data_dir, model="mlp", compile=True)  # one worker: in this process
     _close(compiled.step_losses, eager.step_losses, rel=1e-4)
+    # the whole model one graph, as torch.compile(model) makes: Module.compile() made none for
+    # this Sequential of torch layers (Dynamo skips torch's own frames), so nothing was compiled
+    assert counters["stats"]["unique_graphs"] == 1
 
 
 IMAGE = dict(dataset="mnist", synthetic=True, limit=1024)
@@ -182,3 +188,37 @@ def test_bf16_pipelines_and_fsdp_policy_equal_bf16_serial(data_dir, model, data,
     run = train(data_dir, model=model, precision="bf16", **data, **overrides)
     assert run.step_losses[-1] < run.step_losses[0]
     _close(run.step_losses, train(data_dir, model=model, precision="bf16", **data).step_losses, rel=0.02)
+
+
+def test_batchnorm_keeps_float32_parameters_under_fsdps_bf16_policy():
+    """bf16 FSDP casts a block's parameters to bf16, but a BatchNorm's stay float32 (its own
+    unit): CUDA's batch norm refuses bf16 weights beside float32 running statistics."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from partrain.strategies.precision import shard_norms_in_float32
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        torch.manual_seed(0)
+        block = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+        model = torch.nn.Sequential(block, torch.nn.Flatten(), torch.nn.LazyLinear(2))
+        model(torch.randn(2, 3, 6, 6))  # materialize the lazy layer
+        seen = {}
+        for name, m in model.named_modules():
+            if isinstance(m, (torch.nn.Conv2d, torch.nn.BatchNorm2d, torch.nn.Linear)):
+                m.register_forward_hook(lambda mod, args, out, n=name: seen.update({n: (mod.weight.dtype, args[0].dtype, out.dtype)}))
+        policy = fsdp_policy(RunConfig(model="cnn", precision="bf16"))
+        shard_norms_in_float32(model, mesh, policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        model(torch.randn(2, 3, 6, 6)).float().sum().backward()
+        bf16, f32 = torch.bfloat16, torch.float32
+        assert seen == {"0.0": (bf16, bf16, bf16), "0.1": (f32, bf16, bf16), "2": (bf16, bf16, bf16)}
+        norm = model[0][1]
+        assert norm.running_mean.dtype == f32 and norm.weight.grad.dtype == f32
+        shard_norms_in_float32(torch.nn.BatchNorm1d(3), mesh, None)  # fp32: nothing to do, and no unit made
+    finally:
+        dist.destroy_process_group()

@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 from partrain.config import RunConfig
 from partrain.events import EventLog
@@ -26,6 +27,20 @@ def make_optimizer(params, cfg: RunConfig) -> torch.optim.Optimizer:
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+def compile_forward(module: nn.Module) -> None:
+    """``torch.compile`` ``module``'s forward in place: the one graph ``torch.compile(module)``
+    makes, without its wrapper (whose ``_orig_mod.`` would rename every state_dict key).
+
+    Not ``module.compile()``: that compiles ``Module.__call__``, whose frame Dynamo skips, as it
+    skips ``nn.Sequential.forward`` (torch's own code), so it compiled only the submodules whose
+    forward is the user's, each a graph of its own: nothing at all for a Sequential of torch
+    layers, and ResNet's residual blocks, one code object at four widths, recompiled per width
+    until Dynamo made their shapes dynamic (resnet50 b128 bf16 channels-last on an H200: 35.9 ms
+    a step, against 25.7 ms for ``torch.compile(model)``). Hooks on ``module`` run outside the graph.
+    """
+    module.forward = torch.compile(module.forward)
 
 
 def loss_fn(logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -86,11 +101,10 @@ class Stepper:
         return loss.detach()
 
     def compile(self) -> None:
-        """``torch.compile`` what this worker runs, in place (state_dict keys unchanged).
-
-        The wrapped module: DDP and FSDP are compiled after wrapping, as PyTorch recommends
-        (DDP's optimizer splits the graph at bucket boundaries)."""
-        self.module.compile()
+        """``torch.compile`` the model this worker runs, in place (state_dict keys unchanged):
+        after wrapping; inside DDP, whose forward stays eager around it (Dynamo's DDPOptimizer
+        still splits the graph at DDP's bucket boundaries, the compiled forward running inside DDP's)."""
+        compile_forward(self.module.module if isinstance(self.module, DistributedDataParallel) else self.module)
 
     def after_step(self) -> None:
         """Hook after each optimizer step (local SGD averages parameters here)."""

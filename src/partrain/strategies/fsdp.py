@@ -8,7 +8,7 @@ communication volume of DDP.
 
 ``--precision bf16|fp16`` uses FSDP's ``MixedPrecisionPolicy`` rather than autocast:
 parameters are all-gathered in the low precision (half the bytes) and gradients
-reduce-scattered in float32.
+reduce-scattered in float32; BatchNorm's parameters stay float32, as under autocast.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch.distributed.fsdp import fully_shard
 from partrain.config import RunConfig
 from partrain.distributed.context import DistContext
 from partrain.strategies.base import Stepper, make_optimizer, shard_rows
-from partrain.strategies.precision import fsdp_policy
+from partrain.strategies.precision import fsdp_policy, shard_norms_in_float32
 
 
 def parallelize_fsdp(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, ctx: DistContext, sample) -> Stepper:
@@ -30,6 +30,7 @@ def parallelize_fsdp(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, 
     dp_mesh = ctx.mesh["dp"]
     policy = fsdp_policy(cfg)  # bf16/fp16: FSDP casts parameters and inputs itself, reduces in float32
     precision = {"mp_policy": policy} if policy is not None else {}
+    shard_norms_in_float32(model, dp_mesh, policy)
     for block in blocks:
         # a block sharing a parameter with another (tied embedding and head) stays in the root
         # unit: a parameter belongs to exactly one FSDP unit

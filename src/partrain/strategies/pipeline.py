@@ -45,10 +45,10 @@ from partrain.config import RunConfig
 from partrain.distributed.context import DistContext
 from partrain.errors import PartrainError
 from partrain.events import EventLog
-from partrain.strategies.base import Stepper, loss_fn, make_optimizer, shard_rows
+from partrain.strategies.base import Stepper, compile_forward, loss_fn, make_optimizer, shard_rows
 from partrain.strategies.boundary import Stage, probe_boundaries, stage_examples
 from partrain.strategies.partition import Partition, partition, pipeline_refusal
-from partrain.strategies.precision import autocast_for, fsdp_policy, low_dtype, no_autocast
+from partrain.strategies.precision import autocast_for, fsdp_policy, low_dtype, no_autocast, shard_norms_in_float32
 from partrain.strategies.tied import sum_tied_gradients, tied_groups
 
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
@@ -131,7 +131,7 @@ class PipelineStepper(Stepper):
     def compile(self) -> None:
         """``torch.compile`` per stage (a stage's module is what its ``PipelineStage`` calls)."""
         for module in self.module:
-            module.compile()
+            compile_forward(module)
 
     def _eval_forward(self, x, y):
         return self.schedule.eval(*self._inputs(x), target=y if self.has_loss else None)
@@ -219,6 +219,7 @@ def parallelize_pipeline(
         module = every[s].to(ctx.device)
         if ctx.dims.dp > 1:  # hybrid: replicate this stage over its dp group (FSDP's policy casts, no autocast)
             module.to(memory_format=torch.contiguous_format)  # FSDP takes contiguous parameters only (--channels-last)
+            shard_norms_in_float32(module, ctx.mesh["dp", "shard"], policy, reshard_after_forward=False)
             fully_shard(module, mesh=ctx.mesh["dp", "shard"], reshard_after_forward=False,
                         **({"mp_policy": policy} if policy is not None else {}))
         modules.append(module)

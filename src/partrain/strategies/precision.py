@@ -30,6 +30,7 @@ import contextlib
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 
 from partrain.config import RunConfig
 from partrain.errors import PartrainError
@@ -74,6 +75,23 @@ def fsdp_policy(cfg: RunConfig):
     from torch.distributed.fsdp import MixedPrecisionPolicy  # torch >= 2.6 exports it here (2.11 and 2.13 do)
 
     return MixedPrecisionPolicy(param_dtype=DTYPES[cfg.precision], reduce_dtype=torch.float32)
+
+
+def shard_norms_in_float32(module: nn.Module, mesh, policy, **kwargs) -> None:
+    """Under a low-precision FSDP ``policy``, every BatchNorm in ``module`` its own FSDP unit
+    whose parameters stay float32 (FSDP1's mixed precision did the same for BatchNorm), before
+    its block is sharded with ``policy``. CUDA's batch norm takes a bf16 input with float32
+    weights and running statistics (autocast's mix), but refuses bf16 weights with float32
+    statistics ("Expected running_mean to have type BFloat16 but got Float"; the CPU allows it).
+    The input stays as it comes (``cast_forward_inputs=False``), and so does the output."""
+    if policy is None:
+        return
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    keep = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    for norm in [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]:
+        if any(p.requires_grad for p in norm.parameters(recurse=False)):
+            fully_shard(norm, mesh=mesh, mp_policy=keep, **kwargs)
 
 
 def make_scaler(cfg: RunConfig, device: torch.device, lockstep: bool):
