@@ -12,6 +12,8 @@ every strategy on two workers, so each must step in milliseconds. Image factorie
 - ``tied``:       embedding and head share one weight, the two ends of the pipeline
 - ``traced``:     a plain ``nn.Module`` (no blocks given), split by pipelining's tracer, views crossing its cuts
 - ``traced_tied``: a plain module whose first and last mixing layers share one weight, on either side of a cut
+- ``bn_blocks``:  a Sequential whose blocks are single layers, a BatchNorm2d among them
+- ``traced_bn``:  a plain module with BatchNorm2d (the tracer folds it into its graphs)
 - ``dict_out``:   a block returning a dict with a string in it: refused before any worker starts
 - ``untraceable``: a plain module with data-dependent control flow: refused with the fix
 """
@@ -206,6 +208,28 @@ class TracedTied(nn.Module):
 
 def traced_tied(input_shape, num_classes):
     return TracedTied(num_classes)
+
+
+def bn_blocks(input_shape, num_classes):
+    return nn.Sequential(nn.Conv2d(input_shape[0], 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(4),
+                         nn.Flatten(), nn.Linear(4 * 7 * 7, num_classes))
+
+
+class TracedBN(nn.Module):
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.conv2, self.bn2 = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.head = nn.Linear(4 * 7 * 7, num_classes)
+
+    def forward(self, x):
+        h = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        h = F.max_pool2d(F.relu(self.bn2(self.conv2(h)) + h), 2)
+        return self.head(h.flatten(1))
+
+
+def traced_bn(input_shape, num_classes):
+    return TracedBN(num_classes)
 
 
 class ReturnsDict(nn.Module):

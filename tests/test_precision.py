@@ -163,6 +163,7 @@ def test_compile_gives_the_eager_losses(data_dir):
     from torch._dynamo.utils import counters
 
     eager = train(data_dir, model="mlp")
+    torch._dynamo.reset()  # an earlier compile of the same architecture in this process would be reused: 0 new graphs
     counters.clear()
     compiled = train(data_dir, model="mlp", compile=True)  # one worker: in this process
     _close(compiled.step_losses, eager.step_losses, rel=1e-4)
@@ -219,6 +220,22 @@ def test_batchnorm_keeps_float32_parameters_under_fsdps_bf16_policy():
         assert seen == {"0.0": (bf16, bf16, bf16), "0.1": (f32, bf16, bf16), "2": (bf16, bf16, bf16)}
         norm = model[0][1]
         assert norm.running_mean.dtype == f32 and norm.weight.grad.dtype == f32
-        shard_norms_in_float32(torch.nn.BatchNorm1d(3), mesh, None)  # fp32: nothing to do, and no unit made
+        frozen = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3).requires_grad_(False))
+        shard_norms_in_float32(frozen, mesh, policy)  # FSDP casts frozen parameters too: they need a unit as well
+        fully_shard(frozen, mesh=mesh, mp_policy=policy)
+        assert frozen(torch.randn(4, 3)).dtype == bf16
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("model,overrides", [
+    ("tests.gallery:bn_blocks", dict(strategy="fsdp", workers=2)),  # a BatchNorm that is a block: one unit, not two
+    ("tests.gallery:traced_bn", dict(strategy="hybrid", workers=4, pp=2, dp=2, microbatches=2)),
+], ids=["fsdp-bn-block", "traced-hybrid-2x2"])
+def test_bf16_batchnorm_models_train_under_fsdp_and_hybrid(data_dir, model, overrides):
+    """BatchNorm at bf16 where FSDP holds it: its own float32 unit (even as a whole block), and
+    for a plain module, whose BatchNorm the tracer folds into graphs, float32 replicas with autocast.
+    (Each worker's BatchNorm sees its own rows, so these do not equal serial step for step.)"""
+    run = train(data_dir, model=model, synthetic=True, limit=1024, precision="bf16", **overrides)
+    assert len(run.step_losses) == STEPS and run.step_losses[-1] < 0.8 * run.step_losses[0]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from partrain.config import RunConfig
 from partrain.distributed.context import DistContext
@@ -34,6 +34,8 @@ def parallelize_fsdp(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, 
     for block in blocks:
         # a block sharing a parameter with another (tied embedding and head) stays in the root
         # unit: a parameter belongs to exactly one FSDP unit
+        if isinstance(block, FSDPModule):  # a BatchNorm that is a block of its own: already a unit
+            continue
         if block is not model and any(p.requires_grad for p in block.parameters()) and not _shares(block, blocks):
             fully_shard(block, mesh=dp_mesh, **precision)
     fully_shard(model, mesh=dp_mesh, **precision)

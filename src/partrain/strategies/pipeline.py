@@ -48,7 +48,14 @@ from partrain.events import EventLog
 from partrain.strategies.base import Stepper, compile_forward, loss_fn, make_optimizer, shard_rows
 from partrain.strategies.boundary import Stage, probe_boundaries, stage_examples
 from partrain.strategies.partition import Partition, partition, pipeline_refusal
-from partrain.strategies.precision import autocast_for, fsdp_policy, low_dtype, no_autocast, shard_norms_in_float32
+from partrain.strategies.precision import (
+    autocast_for,
+    batchnorms,
+    fsdp_policy,
+    low_dtype,
+    no_autocast,
+    shard_norms_in_float32,
+)
 from partrain.strategies.tied import sum_tied_gradients, tied_groups
 
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
@@ -196,7 +203,8 @@ def parallelize_pipeline(
     micro = cfg.num_microbatches
     mb_sample = sample[: max(1, cfg.batch_size // ctx.dims.dp // micro)]
     probe = sample[:2]
-    if len(blocks) == 1 and n_stages > 1:  # a plain module: pipelining's tracer cuts it into blocks
+    traced = len(blocks) == 1 and n_stages > 1
+    if traced:  # a plain module: pipelining's tracer cuts it into blocks
         from partrain.strategies.traced import traced_blocks
 
         blocks = traced_blocks(model, mb_sample)  # every rank traces the same model the same way
@@ -212,12 +220,16 @@ def parallelize_pipeline(
     every = [stage_module(blocks[a:b], cfg.recompute, crossings[a - 1] if a else None,
                           low if b < len(blocks) or low is None else torch.float32) for a, b in part.bounds]
     examples = stage_examples(every, mb_sample)
-    policy = fsdp_policy(cfg) if ctx.dims.dp > 1 else None
-    autocast = (lambda: autocast_for(cfg, ctx.device)) if ctx.dims.dp == 1 else no_autocast
+    # hybrid replicas cast by FSDP's policy, keeping BatchNorm float32 in units of its own; the
+    # tracer folds a plain module's BatchNorms into its graphs, out of any unit's reach, so such
+    # replicas gather float32 parameters (twice the bytes) and autocast, as one replica does
+    folded_norms = traced and bool(batchnorms(model))
+    policy = fsdp_policy(cfg) if ctx.dims.dp > 1 and not folded_norms else None
+    autocast = (lambda: autocast_for(cfg, ctx.device)) if policy is None else no_autocast
     modules, stages = [], []
     for s in stage_ids:
         module = every[s].to(ctx.device)
-        if ctx.dims.dp > 1:  # hybrid: replicate this stage over its dp group (FSDP's policy casts, no autocast)
+        if ctx.dims.dp > 1:  # hybrid: replicate this stage over its dp group
             module.to(memory_format=torch.contiguous_format)  # FSDP takes contiguous parameters only (--channels-last)
             shard_norms_in_float32(module, ctx.mesh["dp", "shard"], policy, reshard_after_forward=False)
             fully_shard(module, mesh=ctx.mesh["dp", "shard"], reshard_after_forward=False,

@@ -82,16 +82,21 @@ def shard_norms_in_float32(module: nn.Module, mesh, policy, **kwargs) -> None:
     whose parameters stay float32 (FSDP1's mixed precision did the same for BatchNorm), before
     its block is sharded with ``policy``. CUDA's batch norm takes a bf16 input with float32
     weights and running statistics (autocast's mix), but refuses bf16 weights with float32
-    statistics ("Expected running_mean to have type BFloat16 but got Float"; the CPU allows it).
-    The input stays as it comes (``cast_forward_inputs=False``), and so does the output."""
+    statistics ("Expected running_mean to have type BFloat16 but got Float"; the CPU's too).
+    The input stays as it comes (``cast_forward_inputs=False``), and so does the output. Each
+    such unit gathers its few parameters itself, and is a graph break under ``--compile``."""
     if policy is None:
         return
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     keep = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
-    for norm in [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]:
-        if any(p.requires_grad for p in norm.parameters(recurse=False)):
+    for norm in batchnorms(module):
+        if any(True for _ in norm.parameters(recurse=False)):  # frozen ones too: FSDP casts every parameter
             fully_shard(norm, mesh=mesh, mp_policy=keep, **kwargs)
+
+
+def batchnorms(module: nn.Module) -> list[nn.Module]:
+    return [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
 
 def make_scaler(cfg: RunConfig, device: torch.device, lockstep: bool):
