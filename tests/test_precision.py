@@ -152,14 +152,18 @@ def test_dataset_to_device_keeps_values_and_skips_the_host_check(data_dir):
         ds.get(torch.tensor([100]))
 
 
-@pytest.mark.slow
-def test_compile_gives_the_eager_losses(data_dir):
+def _needs_inductor():
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("torch.compile (inductor) needs a C compiler on the CPU")
     try:
         torch.compile(lambda t: t * 2)(torch.ones(2))
     except Exception as err:  # noqa: BLE001 - any failure of the toolchain is a skip, not a defect here
         pytest.skip(f"inductor unavailable: {type(err).__name__}")
+
+
+@pytest.mark.slow
+def test_compile_gives_the_eager_losses(data_dir):
+    _needs_inductor()
     from torch._dynamo.utils import counters
 
     eager = train(data_dir, model="mlp")
@@ -170,6 +174,28 @@ def test_compile_gives_the_eager_losses(data_dir):
     # the whole model one graph, as torch.compile(model) makes: Module.compile() made none for
     # this Sequential of torch layers (Dynamo skips torch's own frames), so nothing was compiled
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.slow
+def test_a_compiled_forward_is_the_modules_own_and_its_copys():
+    import copy
+
+    from partrain.strategies.base import compile_forward
+
+    _needs_inductor()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    x, eager = torch.randn(3, 4), None
+    eager = model(x)
+    compile_forward(model)
+    assert list(model.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias"]  # no _orig_mod. prefix
+    torch.testing.assert_close(model(x), eager)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.zero_()
+    assert torch.equal(twin(x), torch.zeros(3, 2))  # the copy runs its own (zeroed) weights
+    torch.testing.assert_close(model(x), eager)
 
 
 IMAGE = dict(dataset="mnist", synthetic=True, limit=1024)
