@@ -67,6 +67,21 @@ def leaves_no_trace(modules: list[nn.Module]):
                 b.copy_(saved)
 
 
+@contextlib.contextmanager
+def probing(modules: list[nn.Module]):
+    """A look at what ``modules`` compute that the run never sees: eval mode, no trace left
+    (``leaves_no_trace``), and each submodule's training flag as it was afterwards."""
+    modes = [(m, m.training) for top in modules for m in top.modules()]
+    for top in modules:
+        top.eval()
+    try:
+        with leaves_no_trace(modules):  # eval mode does not reach inside a traced piece
+            yield
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
 def _block_name(i: int, block: nn.Module) -> str:
     return f"block {i} ({type(block).__name__})"
 
@@ -76,35 +91,28 @@ def probe_boundaries(blocks: list[nn.Module], sample) -> list[Crossing]:
     """What every block returns on ``sample`` (two samples suffice); refuses what cannot cross.
 
     Costs one forward of the model on the sample. Blocks run in eval mode and leave no trace
-    (``leaves_no_trace``): dropout draws nothing from the run's random stream and BatchNorm's
+    (``probing``): dropout draws nothing from the run's random stream and BatchNorm's
     statistics stay as they were, so the run that follows starts exactly as it would have
     without the probe.
     """
-    modes = [(m, m.training) for b in blocks for m in b.modules()]
-    for b in blocks:
-        b.eval()
-    try:
-        with leaves_no_trace(blocks):  # eval mode does not reach inside a traced piece
-            x, found = sample, []
-            for i, block in enumerate(blocks):
-                x = block(x)
-                kind = crossing_of(x)
-                last = i == len(blocks) - 1
-                if last and not isinstance(x, torch.Tensor):
-                    raise PartrainError(
-                        f"{_block_name(i, block)} is the model's last block and returns {_describe(x)}: "
-                        "the last block must return the logits as one tensor"
-                    )
-                if kind is None:
-                    raise PartrainError(
-                        f"{_block_name(i, block)} returns {_describe(x)}, which cannot cross a pipeline stage: "
-                        "return a tensor or a tuple of tensors from it, or use a data-parallel strategy (ddp, fsdp)"
-                    )
-                found.append(kind)
-            return found
-    finally:
-        for m, mode in modes:
-            m.training = mode
+    with probing(blocks):
+        x, found = sample, []
+        for i, block in enumerate(blocks):
+            x = block(x)
+            kind = crossing_of(x)
+            last = i == len(blocks) - 1
+            if last and not isinstance(x, torch.Tensor):
+                raise PartrainError(
+                    f"{_block_name(i, block)} is the model's last block and returns {_describe(x)}: "
+                    "the last block must return the logits as one tensor"
+                )
+            if kind is None:
+                raise PartrainError(
+                    f"{_block_name(i, block)} returns {_describe(x)}, which cannot cross a pipeline stage: "
+                    "return a tensor or a tuple of tensors from it, or use a data-parallel strategy (ddp, fsdp)"
+                )
+            found.append(kind)
+        return found
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -161,25 +169,18 @@ def stage_examples(stages: list[Stage], mb_sample: torch.Tensor) -> list[tuple[t
 
     Given these, ``PipelineStage`` sizes its send and receive buffers from them instead of
     inferring them by running each stage on uninitialised tensors, which would hand an
-    embedding garbage token ids. Costs one forward of the model on one micro-batch (eval
-    mode, ``leaves_no_trace``: no RNG drawn, no statistics updated). Received floats carry gradients back; the
+    embedding garbage token ids. Costs one forward of the model on one micro-batch (``probing``:
+    eval mode, no RNG drawn, no statistics updated). Received floats carry gradients back; the
     first stage's input (the data) does not.
     """
-    modes = [(m, m.training) for st in stages for m in st.modules()]
-    for st in stages:
-        st.eval()
-    try:
-        with leaves_no_trace(stages):
-            examples, args = [], (mb_sample,)
-            for s, stage in enumerate(stages):
-                out = stage(*(_widened(a) for a in args))
-                outs = out if isinstance(out, tuple) else (out,)
-                examples.append((tuple(_meta(a, s > 0) for a in args), tuple(_meta(o, True) for o in outs)))
-                args = outs
-            return examples
-    finally:
-        for m, mode in modes:
-            m.training = mode
+    with probing(stages):
+        examples, args = [], (mb_sample,)
+        for s, stage in enumerate(stages):
+            out = stage(*(_widened(a) for a in args))
+            outs = out if isinstance(out, tuple) else (out,)
+            examples.append((tuple(_meta(a, s > 0) for a in args), tuple(_meta(o, True) for o in outs)))
+            args = outs
+        return examples
 
 
 def _widened(t: torch.Tensor) -> torch.Tensor:

@@ -91,7 +91,7 @@ def shard_norms_in_float32(module: nn.Module, mesh, policy, **kwargs) -> None:
 
     keep = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
     for norm in batchnorms(module):
-        if any(True for _ in norm.parameters(recurse=False)):  # frozen ones too: FSDP casts every parameter
+        if norm.affine:  # frozen ones too: FSDP casts every parameter
             fully_shard(norm, mesh=mesh, mp_policy=keep, **kwargs)
 
 
