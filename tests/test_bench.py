@@ -155,7 +155,7 @@ def test_a_cell_past_its_timeout_is_killed_and_stored(tmp_path, data_dir):
         run_suite(suite, store, data_dir=str(data_dir), show_progress=False)
         (row,) = store.rows()
     assert row["status"] == "timeout" and "1 s cell timeout" in row["reason"]
-    assert row["wall_seconds"] < 30 and time.monotonic() - start < 60  # killed at 1 s, not at the default 600
+    assert row["wall_seconds"] < 60 and time.monotonic() - start < 120  # killed at 1 s, not at the default 600
 
 
 def test_failure_reasons_name_the_cause():
@@ -188,7 +188,7 @@ def test_killed_runner_resumes_with_every_cell_once(tmp_path, data_dir):
     assert rows[0]["finished_at"] == first["finished_at"]  # measured before the kill: not run again
 
 
-def _wait_for_rows(path: Path, runner: subprocess.Popen, timeout: float = 60) -> dict:
+def _wait_for_rows(path: Path, runner: subprocess.Popen, timeout: float = 180) -> dict:
     """The first stored row, as soon as the runner committed it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and runner.poll() is None:

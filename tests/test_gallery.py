@@ -110,8 +110,8 @@ def test_evaluation_equals_serial(matrix, model):
 
 @pytest.mark.parametrize("model", list(MODELS))
 def test_hogwild_trains(matrix, model):
-    losses = _losses(matrix, model, "hogwild")
-    assert losses[-2:].mean() < losses[:2].mean()
+    losses = _losses(matrix, model, "hogwild")  # racing updates: the mean of the last half against the first
+    assert losses[STEPS // 2:].mean() < losses[:STEPS // 2].mean()
 
 
 def test_batchnorm_statistics_per_replica_and_micro_batch(matrix):

@@ -69,7 +69,7 @@ def _listeners_of(pids: set[int]) -> set[str]:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_local_run_listens_on_loopback_only(workers, data_dir, tmp_path):
     """Every listening socket of the launcher and its workers, polled through the run."""
-    cmd = [PARTRAIN, "train", "--model", "mlp", "--strategy", "ddp", "--workers", str(workers), "--steps", "40",
+    cmd = [PARTRAIN, "train", "--model", "mlp", "--strategy", "ddp", "--workers", str(workers), "--steps", "300",
            "--limit", "2560", "--eval-limit", "64", "--data-dir", str(data_dir), "--quiet", "--threads", "1"]
     scratch = tmp_path / "tmp"  # the run's $TMPDIR: what it leaves there is litter
     scratch.mkdir()

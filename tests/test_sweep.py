@@ -334,12 +334,16 @@ def profile(tmp_path_factory, data_dir, sweep_configs):
 
 def heavy(profile, factor: float = 1000.0):
     """The measured profile with forward and backward made ``factor`` times slower: a model whose
-    steps are all compute, so splitting one over k workers nearly divides it by k."""
+    steps are all compute, so splitting one over k workers nearly divides it by k. The timed
+    training loop (``loop_s``, what serial and DDP steps are predicted from) slows by the same
+    seconds, or the loop would absorb the change and only the evaluation would grow."""
     import dataclasses
 
     blocks = [dataclasses.replace(b, fwd_s=[t * factor for t in b.fwd_s], bwd_s=[t * factor for t in b.bwd_s])
               for b in profile.blocks]
-    return dataclasses.replace(profile, blocks=blocks)
+    compute = [sum(b.fwd_s[i] + b.bwd_s[i] for b in profile.blocks) for i in range(len(profile.batch_sizes))]
+    loop_s = [t + (factor - 1) * c for t, c in zip(profile.loop_s, compute)]
+    return dataclasses.replace(profile, blocks=blocks, loop_s=loop_s)
 
 
 @pytest.mark.parametrize("trials, bandwidth, best_k", [(24, 0.05, 1), (1, 1000.0, 4)])

@@ -124,10 +124,15 @@ def _worker(index: int, entrypoint: Callable, args: tuple, nprocs: int, run_dir:
         _report(out, index, user=True, message=str(err), status=err.exit_status)
         sys.exit(err.exit_status)
     except BaseException as err:  # a crash keeps its traceback, on this worker's stderr
+        from partrain.distributed.launch import peer_left
+
+        casualty = peer_left(err) is not None
+        if casualty:  # a peer closed its connections as it left (its group goes before its report is written)
+            _await_a_peer_report(out, index)
         if not _user_error_from_a_peer(out):  # not when a peer found bad input and quit, cutting this one off
             print(f"partrain: worker rank {index} crashed:\n{traceback.format_exc()}", file=sys.stderr)
         last = (traceback.format_exception_only(type(err), err) or [type(err).__name__])[-1].strip()
-        _report(out, index, user=False, message=last)
+        _report(out, index, user=False, message=last, casualty=casualty)
         sys.exit(1)
     tmp = out / f"result{index}.tmp"
     with open(tmp, "wb") as f:
@@ -135,11 +140,31 @@ def _worker(index: int, entrypoint: Callable, args: tuple, nprocs: int, run_dir:
     tmp.rename(out / f"result{index}.pkl")
 
 
-def _report(run_dir: Path, rank: int, user: bool, message: str, status: int = 1) -> None:
-    """Leave this worker's error for the launcher and its peers, whole or not at all."""
+def _report(run_dir: Path, rank: int, user: bool, message: str, status: int = 1, casualty: bool = False) -> None:
+    """Leave this worker's error for the launcher and its peers, whole or not at all. A
+    ``casualty`` failed only because a peer's connection closed: the peer is the cause."""
     tmp = run_dir / f"error{rank}.tmp"
-    tmp.write_text(json.dumps({"user": user, "message": message, "status": status}))
+    tmp.write_text(json.dumps({"user": user, "message": message, "status": status, "casualty": casualty}))
     tmp.rename(run_dir / f"error{rank}.json")
+
+
+# how long a worker cut off by a peer, and the launcher that sees only that worker fail, wait
+# for the peer's own report: the peer leaves its process group (closing the connections) a
+# moment before it writes why it left, and that moment can be long on a loaded machine
+PEER_REPORT_GRACE_S = 5.0
+
+
+def _await_a_peer_report(run_dir: Path, rank: int, grace_s: float = PEER_REPORT_GRACE_S) -> None:
+    """Wait until another rank has reported its error, or ``grace_s`` has passed."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and not [p for p in run_dir.glob("error*.json") if p.name != f"error{rank}.json"]:
+        time.sleep(0.02)
+
+
+def _is_casualty(run_dir: Path, rank: int) -> bool:
+    """Whether ``rank`` reported that it failed only because a peer's connection closed."""
+    report = run_dir / f"error{rank}.json"
+    return report.exists() and _read_report(report).get("casualty", False)
 
 
 def _read_report(path: Path) -> dict:
@@ -190,6 +215,7 @@ def spawn(entrypoint: Callable, args: tuple, nprocs: int, poll_s: float = 0.1) -
                 signal.signal(signal.SIGINT, handler)
             _restore(saved)  # the children have their environment; this process gets its own back
         pids = [p.pid for p in context.processes]
+        casualty_since = None
         while True:
             codes = [p.exitcode for p in context.processes]
             if all(code == 0 for code in codes):
@@ -198,7 +224,14 @@ def spawn(entrypoint: Callable, args: tuple, nprocs: int, poll_s: float = 0.1) -
             # a rank killed by a signal is the cause, a peer that then lost its connection the casualty:
             # both may have exited by this poll, and the error names the cause
             # next, a rank that reported bad input: a peer it left then failed on a closed connection
-            failed.sort(key=lambda rank: (codes[rank] >= 0, codes[rank] != PartrainError.exit_status))
+            failed.sort(key=lambda rank: (codes[rank] >= 0, codes[rank] != PartrainError.exit_status,
+                                          _is_casualty(run_dir, rank)))
+            if failed and _is_casualty(run_dir, failed[0]) and None in codes:
+                # only casualties have exited: the peer that left is still on its way out, with its reason
+                casualty_since = casualty_since or time.monotonic()
+                if time.monotonic() - casualty_since < PEER_REPORT_GRACE_S:
+                    time.sleep(poll_s)
+                    continue
             if failed:
                 stopped = [rank for rank, pid in enumerate(pids) if _state(pid) == "T"]
                 raise _failure(run_dir, failed[0], codes[failed[0]], stopped)
