@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -147,3 +148,26 @@ def test_torchruns_workers_die_with_it_when_it_is_killed_outright(tmp_path):
 def _running(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie (the kernel's state, as ``spawn`` reads it)."""
     return _state(pid) not in ("", "Z")
+
+
+def _leaves_then_says_why(delay_s: float) -> None:
+    """Rank 0 found bad input and leaves, but says so only ``delay_s`` later (its process group
+    goes first); rank 1, cut off by that, fails at once on the closed connection."""
+    import os
+    import time
+
+    if os.environ["RANK"] == "0":
+        time.sleep(delay_s)
+        raise PartrainError("the bad input rank 0 found")
+    raise RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:12345")
+
+
+def test_the_rank_that_left_is_named_not_the_peer_its_leaving_cut_off(capfd):
+    from partrain.distributed.spawn import spawn
+
+    started = time.monotonic()
+    with pytest.raises(PartrainError) as err:
+        spawn(_leaves_then_says_why, (1.0,), 2)
+    assert str(err.value) == "the bad input rank 0 found"  # not "worker rank 1 failed (RuntimeError: ...)"
+    assert "Traceback" not in capfd.readouterr().err  # the casualty's traceback would bury the line
+    assert time.monotonic() - started < 60
