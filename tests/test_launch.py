@@ -173,4 +173,3 @@ def test_the_rank_that_left_is_named_not_the_peer_its_leaving_cut_off():
     # not "worker rank 1 failed (RuntimeError: ...)", and no casualty's traceback burying the line
     assert proc.stdout == "raised: the bad input rank 0 found\n", proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
-
