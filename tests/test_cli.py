@@ -36,6 +36,17 @@ def test_every_subcommand_explains_itself(command, capsys):
     assert out.startswith(f"usage: partrain {command}") and len(out.splitlines()) > 3
 
 
+def test_help_and_flag_errors_come_before_torch_is_imported():
+    """Importing torch costs 3 s: ``--help`` and a bad flag are answered without it."""
+    code = ("import sys\nfrom partrain.cli import main\n"
+            "for argv in (['--help'], ['predict', '--help'], ['train', '--workers', '0']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print('torch' in sys.modules, file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.stderr.strip().splitlines()[-1] == "False", proc.stderr
+    assert "--workers must be an integer >= 1, got 0" in proc.stderr
+
+
 def error_line(argv, capsys) -> str:
     status = main(argv)
     err = capsys.readouterr().err.strip()

@@ -69,9 +69,10 @@ def summary_line(result) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)  # bad flags refused before torch is imported (3 s)
     from partrain.runner import run_training
 
-    result = run_training(config_from_args(args), show_progress=not (args.quiet or args.json))
+    result = run_training(cfg, show_progress=not (args.quiet or args.json))
     if result is None:  # not rank 0 of a launched job
         return 0
     if result.partition:

@@ -51,7 +51,7 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """Keyword arguments of the model's factory (``RunConfig.model_options``), beside the model:
     ``--activation`` for the mlp, ``--model-option KEY=VALUE`` for any model."""
-    from partrain.models.options import add_model_option_arg
+    from partrain.model_options import add_model_option_arg
 
     group = next((g for g in p._action_groups if g.title == "model and data"), p)
     group.add_argument("--activation", choices=["relu", "sigmoid"], help="hidden activation of the mlp (default: relu)")
@@ -60,7 +60,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def model_options(args: argparse.Namespace) -> dict:
-    from partrain.models.options import model_options as given
+    from partrain.model_options import model_options as given
 
     hidden = getattr(args, "hidden", None)
     return {**given(args), **({"hidden": hidden} if hidden else {})}
