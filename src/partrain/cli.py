@@ -69,7 +69,7 @@ def summary_line(result) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)  # bad flags refused before torch is imported (3 s)
+    cfg = config_from_args(args)  # a bad configuration is refused before the runner and its strategies load
     from partrain.runner import run_training
 
     result = run_training(cfg, show_progress=not (args.quiet or args.json))
