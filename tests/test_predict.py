@@ -847,3 +847,12 @@ def test_the_simulator_refuses_costs_that_are_not_finite_instead_of_waiting_fore
 
     with pytest.raises(ValueError, match="finite seconds"):
         PipelineCosts((0.01, float("nan")), (0.02, 0.02), (0.0, 0.0), (0.0, 0.0))
+
+
+@pytest.mark.timeout(30)
+def test_the_simulator_ends_when_a_cost_is_below_the_clocks_precision():
+    """A stage of 1e20 s beside one of a microsecond: at a clock of ~1e20 adding the short one
+    does not move it, which once left the event loop waiting for it forever."""
+    huge = PipelineCosts((1e20, 1e-6), (1e20, 1e-6), (0.0, 0.0), (0.0, 0.0))
+    sim = simulate(schedule_order("1f1b", 2, 4), huge)
+    assert math.isfinite(sim.step_s) and sim.step_s == pytest.approx(8 * 1e20, rel=1e-6)

@@ -229,7 +229,7 @@ def test_cluster_file(tmp_path):
     with pytest.raises(PartrainError, match=r"\[inter\]"):
         load_cluster(bad)
     bad.write_text("[cluster]\nnodes = 1\nworkers_per_node = -2\n")
-    with pytest.raises(PartrainError, match="workers_per_node must be a whole number > 0"):
+    with pytest.raises(PartrainError, match="workers_per_node must be a whole number from 1 to 4096"):
         load_cluster(bad)
 
 

@@ -134,6 +134,10 @@ def test_trace_of_a_directory_without_events_is_one_clear_error(tmp_path, capsys
     ({"rank0.jsonl": '{"rank": 0, "name": "data", "start": 0.1, "end": 0.2}\n[1, 2]\n'}, ["rank0.jsonl line 2 lacks 'rank'"]),
     ({"rank0.jsonl": '{"rank": 0, "name": "data", "start": 0.1, "end": 0.2}\n', "rank0.meta.json": "{"},
      ["rank0.meta.json is not JSON"]),
+    ({"rank0.jsonl": '{"rank": 0, "name": "data", "start": "abc", "end": 0.2}\n'}, ["rank0.jsonl line 1 holds 'abc' at 'start'"]),
+    ({"rank0.jsonl": '{"rank": 0, "name": "data", "start": 0.1, "end": 0.2}\n', "rank0.meta.json": '{"rank": 0, "config": 5}'},
+     ["rank0.meta.json holds 5 at 'config'"]),
+    ({"rank0.jsonl": '{"rank": "0", "name": "data", "start": 0.1, "end": 0.2}\n'}, ["holds '0' at 'rank'"]),
 ])
 def test_trace_of_events_that_partrain_did_not_write_is_one_clear_error(tmp_path, capsys, files, words):
     ev = tmp_path / "ev"

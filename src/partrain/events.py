@@ -69,26 +69,37 @@ def read_events(directory: str | Path) -> list[dict]:
     for path in sorted(Path(directory).glob("rank*.jsonl")):  # not rank*.meta.json
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if line:
-                events.append(_record(path, line, ("rank", "name", "start", "end"), f"line {number}"))
+                events.append(_record(path, line, _EVENT, f"line {number}"))
     return sorted(events, key=lambda e: (e["start"], e["rank"]))
 
 
 def read_meta(directory: str | Path) -> dict[int, dict]:
     """Each rank's ``meta.json`` (clock anchor, host; rank 0 also the run's configuration)."""
-    metas = (_record(p, p.read_text(errors="replace"), ("rank",)) for p in Path(directory).glob("rank*.meta.json"))
+    metas = (_record(p, p.read_text(errors="replace"), _META) for p in Path(directory).glob("rank*.meta.json"))
     return {int(m["rank"]): m for m in metas}
 
 
-def _record(path: Path, text: str, keys: tuple[str, ...], where: str = "") -> dict:
-    """One JSON object with ``keys``, or one line naming the file (and line) that is not one:
-    a file edited by hand, or another program's, is refused, not a traceback."""
+_NUMBER = (int, float)
+# what each record must hold, with its type; a key left out of a meta record may be absent
+_EVENT = {"rank": (int,), "name": (str,), "start": _NUMBER, "end": _NUMBER}
+_META = {"rank": (int,)}
+_META_OPTIONAL = {"wall0": _NUMBER, "config": (dict,), "scratch_config": (dict,)}
+
+
+def _record(path: Path, text: str, keys: dict[str, tuple[type, ...]], where: str = "") -> dict:
+    """One JSON object with ``keys`` of their types, or one line naming the file (and line) that
+    is not one: a file edited by hand, or another program's, is refused, not a traceback."""
     try:
         record = json.loads(text)
     except ValueError as err:
         record, reason = None, f"is not JSON ({err.msg})"
     else:
         missing = [k for k in keys if not isinstance(record, dict) or k not in record]
-        reason = f"lacks {missing[0]!r}" if missing else ""
+        wanted = {**keys, **(_META_OPTIONAL if keys is _META else {})}
+        wrong = [k for k, types in wanted.items() if isinstance(record, dict) and k in record
+                 and (isinstance(record[k], bool) or not isinstance(record[k], types))]
+        reason = (f"lacks {missing[0]!r}" if missing else
+                  f"holds {record[wrong[0]]!r} at {wrong[0]!r}, a value of the wrong type" if wrong else "")
     if reason:
         raise PartrainError(f"{path}{f' {where}' if where else ''} {reason}: not an event file that "
                             "`partrain train --events` wrote; record the run again")

@@ -166,6 +166,10 @@ class Store:
                 self.db = sqlite3.connect(uri, uri=True, timeout=30)
                 self.db.row_factory = sqlite3.Row
                 self._check_ours()
+                if not self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'cells'").fetchone():
+                    # an empty SQLite file (`touch`): nothing to read, and only `bench` creates the table
+                    raise PartrainError(f"{self.path} holds no partrain results (no cells table): run "
+                                        f"`partrain bench ... --store {self.path}` first, or pass another --store")
         except sqlite3.DatabaseError as err:
             raise PartrainError(f"results store {self.path} cannot be opened: {err}") from None
         except OSError as err:

@@ -46,7 +46,7 @@ def add_predict_parser(sub) -> None:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from partrain.predict import enumerate_plans, predict_plan
-    from partrain.predict.cluster import load_cluster
+    from partrain.predict.cluster import check_workers_fit, load_cluster
     from partrain.predict.plan import (
         candidate_plans,
         local_workers,
@@ -70,6 +70,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     check_job(args.model, args.dataset, args.data_dir, args.synthetic, model_options(args))
     if args.cluster:
         hw = load_cluster(args.cluster)
+        check_workers_fit(hw, args.workers, f"--cluster {args.cluster}")
     else:
         hw, hw_path, hw_reused = hardware_for(args.workers, args.profile_dir, device=run.device)
         if not hw_reused:

@@ -49,7 +49,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from partrain.predict.cluster import load_cluster
+    from partrain.predict.cluster import check_workers_fit, load_cluster
     from partrain.predict.plan import profile_batch_sizes
     from partrain.predict.provenance import provenance, provenance_lines
     from partrain.profile.cache import (
@@ -78,6 +78,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     workers = args.workers or (hw.nodes * hw.workers_per_node if hw else 1)
     if workers < 1:
         raise PartrainError(f"--workers must be at least 1, got {workers}")
+    if hw is not None:
+        check_workers_fit(hw, workers, f"--cluster {args.cluster}")
     start, profiled, kept = time.perf_counter(), [], True  # kept: every new profile was cached
     if hw is None:
         with console.status(f"measuring this machine's collectives with {workers} workers (cached afterwards)..."):

@@ -39,6 +39,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not args.recommendations:
         check_file("--plot", args.plot)
     from partrain.bench import Store
+
+    with Store(args.store, create=False) as store:  # a store that cannot be read: refused before plotting loads
+        rows = store.rows()
+
     from partrain.predict.machine import fingerprint as machine
     from partrain.predict.plan import profile_batch_sizes
     from partrain.predict.profiles import busy_warning
@@ -53,9 +57,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from partrain.report.tables import report_tables
     from partrain.validate import error_signs, speed_shift
     from partrain.validate_nodes import link_rates, validate_across_nodes
-
-    with Store(args.store, create=False) as store:
-        rows = store.rows()
 
     def profile_for(cfg, needed):
         run = RunOptions(args.device, cfg.precision, cfg.channels_last, cfg.compile)

@@ -28,14 +28,25 @@ _CLUSTER_KEYS = {
 _BACKENDS = ("gloo", "nccl")
 
 
-def _number(table: dict, key: str, where: str, default=None, positive=True, integer=False) -> float:
+# what a real cluster's figures can be: the predictor's arithmetic stays finite inside these
+# (a 1e300 GB memory overflowed to infinity, a 1e308 us latency stopped the pipeline simulation's
+# clock), and a figure outside them is a typo in units
+_RANGES = {
+    "nodes": (1, 100_000), "workers_per_node": (1, 4096), "cores_per_node": (1, 10**6),
+    "device_memory_gb": (1e-3, 1e6), "compute_speed": (1e-3, 1e3),
+    "bandwidth_gb_per_s": (1e-6, 1e6), "latency_us": (0, 1e7),
+}
+
+
+def _number(table: dict, key: str, where: str, default=None, integer=False) -> float:
     value = table.get(key, default)
     if value is None:
         raise PartrainError(f"{where}: missing {key} (see examples/cluster.toml)")
     kind = "a whole number" if integer else "a finite number"
+    lo, hi = _RANGES[key]
     ok = isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
-    if isinstance(value, bool) or not ok or (value <= 0 if positive else value < 0):
-        raise PartrainError(f"{where}: {key} must be {kind} {'> 0' if positive else '>= 0'}, got {value!r}")
+    if isinstance(value, bool) or not ok or not lo <= value <= hi:
+        raise PartrainError(f"{where}: {key} must be {kind} from {lo:g} to {hi:g}, got {value!r}")
     return float(value)
 
 
@@ -44,7 +55,7 @@ def _link(table: dict | None, tier: str, path: str) -> CostFit:
     if not isinstance(table, dict):
         raise PartrainError(f"{where}: missing table (bandwidth_gb_per_s, latency_us); see examples/cluster.toml")
     bandwidth = _number(table, "bandwidth_gb_per_s", where) * _GB
-    latency = _number(table, "latency_us", where, positive=False) * 1e-6
+    latency = _number(table, "latency_us", where) * 1e-6
     return CostFit.line(latency, bandwidth)
 
 
@@ -106,6 +117,18 @@ def load_cluster(path: str | os.PathLike) -> HardwareProfile:
         links=links,
         source=str(path),
     )
+
+
+def check_workers_fit(hardware: HardwareProfile, workers: int, source: str) -> None:
+    """Refuse a plan of more workers than the cluster described by ``source`` has: its nodes
+    times its workers per node (ranks beyond them have nowhere to run). One machine profiled
+    with fewer workers is not full: more of them share its cores, as on the machine itself."""
+    if hardware.nodes <= 1 and hardware.source.startswith("measured"):
+        return
+    room = hardware.nodes * hardware.workers_per_node
+    if workers > room:
+        raise PartrainError(f"--workers {workers} is more than {source} has: {hardware.nodes} node(s) x "
+                            f"{hardware.workers_per_node} worker(s) = {room}")
 
 
 def _missing(path: Path):

@@ -343,7 +343,9 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, slowdown: Callabl
             op.left -= (nxt - t) * rate[r]
         t = nxt
         for r, op in list(running.items()):
-            if op.left <= EPS * max(1.0, op.work):
+            # done, or so little left that adding it no longer moves the clock (a float's precision
+            # runs out at clocks ~1e16 times the work: waiting for it would loop forever)
+            if op.left <= EPS * max(1.0, op.work) or t + op.left / rate[r] <= t:
                 del running[r]
                 finish(op)
     return _summarize(ranks, steps, max_in_flight)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import types
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Union, get_args, get_origin, get_type_hints
 
 from partrain.atomic import write_atomic
 from partrain.errors import PartrainError
@@ -316,11 +317,61 @@ class ModelProfile(JsonProfile):
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelProfile:
+        _check_fields(cls, d, "")
+        if not isinstance(d["blocks"], list) or not d["blocks"]:
+            raise ValueError("blocks: no block measured")
+        for i, b in enumerate(d["blocks"]):
+            _check_fields(BlockProfile, b, f"blocks.{i}.")
+        per_batch = {k: d[k] for k in _PER_BATCH if d.get(k)} | {
+            f"blocks.{i}.{k}": b[k] for i, b in enumerate(d["blocks"]) for k in _BLOCK_PER_BATCH}
+        for where, values in per_batch.items():  # what the predictor interpolates between batch sizes
+            if len(values) != len(d["batch_sizes"]):
+                raise ValueError(f"{where} holds {len(values)} values for {len(d['batch_sizes'])} batch sizes")
+        if not d["batch_sizes"] or d["batch_sizes"] != sorted(set(d["batch_sizes"])):
+            raise ValueError(f"batch_sizes {d['batch_sizes']} are not increasing sizes")
         blocks = [BlockProfile(**b) for b in d["blocks"]]
         known = {f.name for f in fields(cls)}  # profiles saved by earlier versions may carry retired keys
         sharing = {int(k): float(v) for k, v in d.get("compute_sharing", {}).items()}  # JSON keys are strings
         return cls(**{"method": 1, **{k: v for k, v in d.items() if k in known}, "blocks": blocks,
                       "compute_sharing": sharing})
+
+
+# the lists that hold one figure per batch size (empty where not measured), in a profile and in a block
+_PER_BATCH = ("loss_s", "data_s", "train_peak_rss_bytes", "train_peak_reserved_bytes", "loop_s")
+_BLOCK_PER_BATCH = ("fwd_s", "bwd_s", "out_bytes", "saved_bytes", "flops")
+
+
+def _check_fields(cls, raw, where: str) -> None:
+    """Raise ValueError naming the first field of ``raw`` (a ``cls`` as JSON) whose value is not
+    of its declared type: a hand-edited profile is refused, not fed to the arithmetic (a time
+    that is a string once stopped `predict` with a TypeError)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where or 'the top'} is not an object")
+    hints = get_type_hints(cls)
+    for f in fields(cls):
+        if f.name in raw and f.name != "blocks" and not _conforms(raw[f.name], hints[f.name]):
+            raise ValueError(f"{where}{f.name} holds {raw[f.name]!r}, not {hints[f.name]}")
+
+
+def _conforms(value, hint) -> bool:
+    """``value`` as JSON gives it fits ``hint``: any number where a number is declared (JSON does
+    not keep 1.0 apart from 1), JSON's string keys where a dict has integer ones."""
+    origin, args = get_origin(hint), get_args(hint)
+    if hint in (int, float):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint in (str, bool):
+        return isinstance(value, hint)
+    if origin in (Union, types.UnionType):
+        return any(_conforms(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint in (list, dict):
+        return isinstance(value, hint)
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_conforms(v, args[1]) for v in value.values())
+    return True  # nothing else is declared in a model profile
 
 
 def busy_warning(profile: ModelProfile, threshold: float = 0.1) -> str | None:
