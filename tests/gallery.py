@@ -20,6 +20,8 @@ every strategy on two workers, so each must step in milliseconds. Image factorie
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -264,3 +266,19 @@ class Untraceable(nn.Module):
 
 def untraceable(input_shape, num_classes):
     return Untraceable(num_classes)
+
+
+class FixedProjection(nn.Module):
+    """A fixed random projection held in buffers: a block without parameters."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.register_buffer("P", torch.randn(width, width) / width**0.5)
+
+    def forward(self, x):
+        return torch.tanh(x @ self.P)
+
+
+def fixed_tail(input_shape, num_classes):
+    """A last block with no parameters: the pipeline worker that holds it steps no optimizer."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes), FixedProjection(num_classes))

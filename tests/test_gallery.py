@@ -194,6 +194,12 @@ def test_a_weight_tied_in_a_traced_module_trains_as_serially():
     assert _rel(split, _run(**tied)) <= 1e-4
 
 
+def test_a_pipeline_worker_without_parameters_trains_as_serially():
+    # the last block is a fixed projection in buffers: its worker steps an empty optimizer
+    fixed = dict(model="tests.gallery:fixed_tail", **IMAGE)
+    assert _rel(_run(**fixed, strategy="1f1b", workers=2, microbatches=2, split_points=[2]), _run(**fixed)) <= 1e-4
+
+
 @pytest.mark.slow
 def test_traced_module_interleaved_equals_serial():
     traced = dict(model="tests.gallery:traced", **IMAGE)

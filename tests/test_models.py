@@ -191,6 +191,19 @@ def test_a_model_without_trainable_parameters_is_refused(tmp_path, monkeypatch):
         checked_model("umod_noparams:f", (1, 10), 10, {})
 
 
+@pytest.mark.parametrize("factory, message", [
+    ("blocks_skip_activations", r"its forward runs module '2' \(Tanh\) 1 time\(s\), the blocks its factory returned 0"),
+    ("blocks_leave_a_parameter_out", "parameter scale is in none of the blocks"),
+])
+def test_blocks_that_do_not_compute_the_forward_are_refused(factory, message):
+    """Pipelines train the blocks: ones that are not the model would train another network."""
+    from partrain.models.check import checked_model
+
+    with pytest.raises(PartrainError, match=message):
+        checked_model(f"tests.userfactory:{factory}", (1, 28, 28), 10, {})
+    checked_model("tests.userfactory:build", (1, 28, 28), 10, {})  # blocks that are the forward pass
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(layers="abc"), "gpt: layers must be a whole number >= 1, got 'abc'"),  # a traceback, before
     (dict(layers=[1]), r"layers must be a whole number >= 1, got \[1\]"),

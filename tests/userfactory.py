@@ -124,3 +124,25 @@ class SleepsOnRank1(nn.Module):
 
 def slow_rank1(input_shape, num_classes):
     return SleepsOnRank1(int(torch.tensor(input_shape).prod()), num_classes)
+
+
+def blocks_skip_activations(input_shape, num_classes):
+    """Blocks that leave out the model's activations: chained, they are a linear model."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 16), nn.Tanh(), nn.Linear(16, num_classes))
+    return model, [model[0], model[1], model[3]]
+
+
+def blocks_leave_a_parameter_out(input_shape, num_classes):
+    """A scale the forward applies at the end, owned by the model and by none of its blocks."""
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Flatten(), nn.Linear(784, num_classes))
+            self.scale = nn.Parameter(torch.ones(()))
+
+        def forward(self, x):
+            return self.body(x) * self.scale
+
+    model = Scaled()
+    return model, [model.body]

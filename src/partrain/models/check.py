@@ -11,11 +11,13 @@ its own errors still surface from the worker as they happen.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 import torch.nn as nn
 
 from partrain.errors import PartrainError
-from partrain.models.registry import build_model, model_blocks
+from partrain.models.registry import _BLOCKS_ATTR, build_model, model_blocks
 
 
 def _shape(value) -> str:
@@ -60,7 +62,41 @@ def checked_model(name: str, input_shape: tuple[int, ...], num_classes: int, opt
             f"model {name!r} returns {_shape(out)} for a batch of 2 inputs of shape {tuple(input_shape)}, "
             f"but the dataset has {num_classes} classes: its output must be (batch, ..., {num_classes})"
         )
+    if getattr(model, _BLOCKS_ATTR, None) is not None:
+        _check_blocks_are_the_forward(name, model, x)
     return model
+
+
+def _check_blocks_are_the_forward(name: str, model: nn.Module, x: torch.Tensor) -> None:
+    """The blocks a factory returned with its model are what pipelines train, one after the
+    other: they must hold every trainable parameter and call the modules the model's own
+    forward calls. Blocks that left out an activation trained a different network under
+    gpipe than under ddp, without a word (issue 17)."""
+    blocks = model_blocks(model)
+    owned = {id(p) for b in blocks for p in b.parameters()}
+    for qualname, p in model.named_parameters():
+        if p.requires_grad and id(p) not in owned:
+            raise PartrainError(f"model {name!r}: parameter {qualname} is in none of the blocks its factory returned: "
+                                "the blocks must hold the whole model, in the order its forward runs them")
+    leaves = {id(m): (qualname or "the model", m) for qualname, m in model.named_modules() if not any(m.children())}
+    calls: Counter = Counter()
+    hooks = [m.register_forward_hook(lambda m, i, o: calls.update([id(m)])) for _, m in leaves.values()]
+    try:
+        with torch.no_grad():
+            model(x)
+            forward, calls = calls, Counter()
+            value = x
+            for block in blocks:
+                value = block(value)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for key, (qualname, module) in leaves.items():
+        if forward[key] != calls[key]:
+            raise PartrainError(
+                f"model {name!r}: its forward runs module {qualname!r} ({type(module).__name__}) {forward[key]} time(s), the "
+                f"blocks its factory returned {calls[key]}: the blocks, one after another, must compute the forward "
+                "(pipelines train the blocks); return them in order, or return the model alone")
 
 
 def _failing_block(name: str, model: nn.Module, x: torch.Tensor, err: Exception) -> PartrainError:

@@ -25,7 +25,9 @@ from partrain.strategies.precision import Amp
 
 
 def make_optimizer(params, cfg: RunConfig) -> torch.optim.Optimizer:
-    params = list(params)
+    # a pipeline worker whose blocks hold no parameters (a fixed projection, a reshape) steps
+    # an empty group: torch refuses an optimizer over nothing, not one over an empty group
+    params = list(params) or [{"params": []}]
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
