@@ -282,3 +282,64 @@ class FixedProjection(nn.Module):
 def fixed_tail(input_shape, num_classes):
     """A last block with no parameters: the pipeline worker that holds it steps no optimizer."""
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes), FixedProjection(num_classes))
+
+
+class WithSpare(nn.Module):
+    """A layer the forward never calls (left over from an experiment): no gradient reaches it."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+        self.spare = nn.Linear(5, 5)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def unused(input_shape, num_classes):
+    return WithSpare(input_shape, num_classes)
+
+
+class ScalarGain(nn.Module):
+    """A learned scalar gain on the logits: a 0-dimensional parameter."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+        self.gain = nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        return self.body(x) * self.gain
+
+
+def scalar_gain(input_shape, num_classes):
+    return ScalarGain(input_shape, num_classes)
+
+
+class DictOfParts(nn.Module):
+    """Its parts in an nn.ModuleDict, called by key: the tracer cuts between them."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.parts = nn.ModuleDict({
+            "encode": nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), WIDTH), nn.Tanh()),
+            "decode": nn.Linear(WIDTH, num_classes),
+        })
+
+    def forward(self, x):
+        return self.parts["decode"](self.parts["encode"](x))
+
+
+def module_dict(input_shape, num_classes):
+    return DictOfParts(input_shape, num_classes)
+
+
+class ToBFloat16(nn.Module):
+    def forward(self, x):
+        return x.to(torch.bfloat16)
+
+
+def bf16_weights(input_shape, num_classes):
+    """A model that computes in bfloat16 itself, its weights stored so, whatever --precision says."""
+    return nn.Sequential(ToBFloat16(), nn.Flatten(), nn.Linear(math.prod(input_shape), WIDTH, dtype=torch.bfloat16),
+                         nn.ReLU(), nn.Linear(WIDTH, num_classes, dtype=torch.bfloat16))

@@ -146,6 +146,13 @@ def test_refused_before_any_worker_starts(model, message, strategy):
         preflight(RunConfig(model=f"tests.gallery:{model}", **IMAGE, **STRATEGIES[strategy]))
 
 
+@pytest.mark.parametrize("strategy", ["fsdp", "hybrid-1x2"])
+def test_a_scalar_parameter_is_refused_where_fully_shard_would_shard_it(strategy):
+    # fully_shard shards along dim 0, which a scalar lacks: a worker's ValueError, before
+    with pytest.raises(PartrainError, match="parameter gain is a scalar, which fully_shard .* cannot shard: give it shape"):
+        preflight(RunConfig(model="tests.gallery:scalar_gain", **IMAGE, **STRATEGIES[strategy]))
+    preflight(RunConfig(model="tests.gallery:scalar_gain", **IMAGE, **STRATEGIES["ddp"]))  # DDP takes it
+
 
 def test_cli_refuses_in_one_line_with_status_2(capsys):
     from partrain.cli import main
@@ -192,6 +199,32 @@ def test_a_weight_tied_in_a_traced_module_trains_as_serially():
     tied = dict(model="tests.gallery:traced_tied", **IMAGE)
     split = _run(**tied, strategy="gpipe", workers=2, microbatches=2, split_points=[2])  # first | last: a stage each
     assert _rel(split, _run(**tied)) <= 1e-4
+
+
+def test_ddp_of_a_model_with_a_parameter_its_forward_never_uses_trains_as_serially():
+    # DDP would wait for that gradient forever (a worker traceback, before): the meta pass finds it
+    from partrain.strategies.ddp import unused_parameters
+    from tests.gallery import unused
+
+    assert unused_parameters(unused((1, 28, 28), 10), torch.zeros(2, 1, 28, 28)) == ["spare.weight", "spare.bias"]
+    assert unused_parameters(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10)), torch.zeros(2, 1, 28, 28)) == []
+    spare = dict(model="tests.gallery:unused", **IMAGE)
+    assert _rel(_run(**spare, strategy="ddp", workers=2), _run(**spare)) <= 1e-4
+
+
+def test_a_module_dict_is_cut_between_its_entries_and_trains_as_serially():
+    # the tracer's split candidates are the children of ModuleList, Sequential and ModuleDict
+    # (a ModuleDict was one block: "has only 1 blocks", before)
+    parts = dict(model="tests.gallery:module_dict", **IMAGE)
+    assert _rel(_run(**parts, strategy="gpipe", workers=2, microbatches=2), _run(**parts)) <= 1e-4
+
+
+def test_a_model_in_bfloat16_of_its_own_crosses_stages_in_bfloat16():
+    # its activations are bf16 because its weights are: the stages' examples keep them so
+    # (widened to float32 they met the next stage's bf16 weights: a dtype error, before)
+    bf16 = dict(model="tests.gallery:bf16_weights", **IMAGE)
+    serial = _run(**bf16)
+    assert _rel(_run(**bf16, strategy="1f1b", workers=2, microbatches=2), serial) <= 1e-2  # bf16 sums, split otherwise
 
 
 def test_a_pipeline_worker_without_parameters_trains_as_serially():

@@ -137,6 +137,11 @@ def test_user_factory_with_blocks():
     assert torch.equal(out, model(x))
 
 
+def test_a_factory_with_positional_only_parameters_gets_them_by_position():
+    model = build_model("tests.userfactory:positional_only", (1, 28, 28), 10, width=4)
+    assert model[1].out_features == 4 and model[3].out_features == 10
+
+
 def test_user_factory_without_arguments_is_called_bare():
     model = build_model("tests.userfactory:no_arguments", (1, 28, 28), 10)
     assert len(model_blocks(model)) == 2
@@ -156,6 +161,7 @@ def test_non_sequential_model_without_blocks_is_one_block():
         ("tests.userfactory:NOT_CALLABLE", "'NOT_CALLABLE' is not callable"),
         ("tests.userfactory:not_a_module", "returned a dict, not an nn.Module"),
         ("tests.userfactory:foreign_blocks", "blocks must be .* submodules"),
+        ("tests.userfactory:other_names", "its factory needs 'shape', which partrain does not pass: it passes input_shape"),
         ("tests.userfactory:", "package.module:function"),
     ],
 )

@@ -157,6 +157,38 @@ def test_an_edited_cached_profile_is_measured_again(tmp_path, monkeypatch, mlp, 
     assert "which no measurement gives: measuring it again" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("edit, where", [
+    (lambda raw: raw["blocks"][0].__setitem__("fwd_s", ["a"] * len(raw["batch_sizes"])), "blocks.0.fwd_s holds ['a'"),
+    (lambda raw: raw["blocks"][1]["bwd_s"].pop(), "blocks.1.bwd_s holds 1 values for 2 batch sizes"),
+    (lambda raw: raw.__setitem__("batch_sizes", "4,16"), "batch_sizes holds '4,16'"),
+    (lambda raw: raw.__setitem__("optimizer_s", []), "optimizer_s holds []"),
+    (lambda raw: raw.__setitem__("blocks", []), "no block measured"),
+    (lambda raw: raw.__setitem__("batch_sizes", [16, 4]), "are not increasing sizes"),
+])
+def test_a_cached_profile_of_the_wrong_shape_is_measured_again(tmp_path, monkeypatch, mlp, capsys, edit, where):
+    """A string where a time is, a list one short: the predictor's arithmetic raised TypeError
+    and IndexError on them (an audit), where the cache promises to measure again."""
+    monkeypatch.setattr(model_module, "profile_model", lambda *a, **k: mlp)
+    _, path, _ = load_or_profile("mlp", "mnist", [4, 16], 1, tmp_path, synthetic=True)
+    raw = json.loads(path.read_text())
+    edit(raw)
+    path.write_text(json.dumps(raw))
+    again, _, reused = load_or_profile("mlp", "mnist", [4, 16], 1, tmp_path, synthetic=True)
+    assert not reused and again == mlp
+    err = capsys.readouterr().err
+    assert where in err and "measuring it again" in err, err
+
+
+def test_a_model_too_big_to_profile_here_says_so(tmp_path, monkeypatch):
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried "
+                           "to allocate 160000000000 bytes")
+
+    monkeypatch.setattr(model_module, "profile_model", out_of_memory)
+    with pytest.raises(PartrainError, match="mlp at batch 16 does not fit in this machine's memory, and partrain profiles"):
+        load_or_profile("mlp", "mnist", [4, 16], 1, tmp_path, synthetic=True)
+
+
 def test_a_profile_taken_on_a_busy_machine_is_measured_again_and_never_cached(tmp_path, monkeypatch, mlp, capsys):
     import dataclasses
 
@@ -301,3 +333,15 @@ def test_a_hardware_profile_taken_while_the_machine_was_busy_is_shown_not_cached
     monkeypatch.setattr(hardware, "profile_hardware", lambda *a, **k: quiet)
     assert main(["profile", "--hardware", "--workers", "2", "--profile-dir", str(tmp_path)]) == 0
     assert len(list(tmp_path.glob("hardware-*.json"))) == 1  # the quiet one is kept
+
+
+def test_a_failed_probe_is_told_by_its_exception_line():
+    """Not the last line of a message that runs on, nor a list's repr (an audit: DDP's error
+    came out as "['[rank0]:  In addition, you can set the environment variable ...']")."""
+    from partrain.profile.probe import _exception_line
+
+    ddp = "Traceback (most recent call last):\n  File \"x.py\"\nRuntimeError: Expected to have finished reduction\n" \
+          "[rank0]: In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG\n"
+    assert _exception_line(ddp, 1) == "RuntimeError: Expected to have finished reduction"
+    assert _exception_line("[rank0]: [rank0]: ValueError: no scalars\n", 1) == "ValueError: no scalars"
+    assert _exception_line("killed\n", 9) == "killed" and _exception_line("", 9) == "exit status 9"

@@ -97,17 +97,30 @@ def _call(
             f"model {name!r} has no option {unknown[0]!r}; "
             f"its options are: {', '.join(accepted) or 'none'}"
         )
-    given = {"input_shape": input_shape, "num_classes": num_classes}
-    return _guarded(name, factory, **{key: value for key, value in given.items() if key in params}, **options)
+    given = {"input_shape": input_shape, "num_classes": num_classes, **options}
+    missing = [p.name for p in params.values() if p.default is inspect.Parameter.empty and p.name not in given
+               and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    if missing:
+        raise PartrainError(f"model {name!r}: its factory needs {missing[0]!r}, which partrain does not pass: it passes "
+                            "input_shape and num_classes by those names, and --model-option KEY=VALUE for the rest")
+    # positional-only parameters (``def f(input_shape, num_classes, /)``) by position, the rest by name
+    leading = []
+    for p in params.values():
+        if p.kind is not inspect.Parameter.POSITIONAL_ONLY or p.name not in given:
+            break  # the rest of them keep their defaults
+        leading.append(given[p.name])
+    named = {key: value for key, value in given.items()
+             if key in params and params[key].kind is not inspect.Parameter.POSITIONAL_ONLY}
+    return _guarded(name, factory, *leading, **named)
 
 
-def _guarded(name: str, factory: Callable, **kwargs):
+def _guarded(name: str, factory: Callable, *args, **kwargs):
     """Call a factory; what goes wrong inside the user's code is one line naming the factory
     (its traceback with ``--debug``), not a traceback from deep inside partrain."""
     if name in _ZOO:  # each zoo model checks its own options (gpt, mlp): one line each
-        return factory(**kwargs)
+        return factory(*args, **kwargs)
     try:
-        return factory(**kwargs)
+        return factory(*args, **kwargs)
     except SystemExit as err:
         raise PartrainError(f"model {name!r}: the factory called sys.exit({err.code!r}); "
                             "return the model instead of exiting") from err

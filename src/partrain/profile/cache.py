@@ -200,6 +200,12 @@ def load_or_profile(model: str, dataset: str, batch_sizes: list[int], threads: i
     except Exception as err:  # noqa: BLE001 - a user's model that raises is one line; anything else raised as it is
         from partrain.models.registry import raised_by_model
 
+        if "can't allocate memory" in str(err) or type(err).__name__ == "OutOfMemoryError":  # not the model's fault
+            where = "GPU" if run.device_kind == "cuda" else "machine"
+            raise PartrainError(
+                f"{model} at batch {max(batch_sizes)} does not fit in this {where}'s memory, and partrain profiles a model "
+                "by training it on the machine that predicts: run predict or recommend on one where it fits (with "
+                "--cluster for the machines that will train it), or ask for a smaller --batch-size") from err
         if (line := raised_by_model(err, model, "being profiled")) is None:
             raise
         raise line from err

@@ -238,6 +238,8 @@ def _time_replica_wrapper(args: dict, x: torch.Tensor, y: torch.Tensor, steps: i
     device = torch.device(run["device"])
     net = place(build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"]), device,
                 run["channels_last"])
+    if any(p.dim() == 0 for p in net.parameters()):
+        return 0.0  # fully_shard cannot wrap a scalar parameter: a hybrid with replicas refuses this model
     x, y, mesh = place_input(x, device, run["channels_last"]), y.to(device), None
     init_process_group(LaunchInfo("none"), "nccl" if device.type == "cuda" else "gloo", timeout_s=300.0)
     try:
@@ -285,5 +287,13 @@ def measure_memory(model: str, dataset: str, input_shape, num_classes: int, batc
     proc = subprocess.run([*python_command(), "-c", "from partrain.profile.probe import baseline_probe; baseline_probe()",
                            json.dumps(args)], capture_output=True, text=True, env=child_env(), timeout=600)
     if proc.returncode != 0:
-        raise PartrainError(f"measuring the baseline memory failed: {proc.stderr.strip().splitlines()[-1:]}")
+        raise PartrainError(f"measuring the baseline memory failed: {_exception_line(proc.stderr, proc.returncode)}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _exception_line(stderr: str, status: int) -> str:
+    """What a failed child said: its exception's line, not the last line of a message that runs
+    on (DDP's end with a hint on an environment variable), else its last line."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    said = next((m.group(0) for line in reversed(lines) if (m := re.search(r"\b[\w.]+(Error|Exception): .*", line))), None)
+    return said or (lines[-1] if lines else f"exit status {status}")

@@ -176,7 +176,8 @@ def stage_examples(stages: list[Stage], mb_sample: torch.Tensor) -> list[tuple[t
     with probing(stages):
         examples, args = [], (mb_sample,)
         for s, stage in enumerate(stages):
-            out = stage(*(_widened(a) for a in args))
+            lowered = s > 0 and stages[s - 1].sends is not None  # --precision's dtype, not the model's own
+            out = stage(*(_widened(a) if lowered else a for a in args))
             outs = out if isinstance(out, tuple) else (out,)
             examples.append((tuple(_meta(a, s > 0) for a in args), tuple(_meta(o, True) for o in outs)))
             args = outs
@@ -185,7 +186,9 @@ def stage_examples(stages: list[Stage], mb_sample: torch.Tensor) -> list[tuple[t
 
 def _widened(t: torch.Tensor) -> torch.Tensor:
     # a stage sending bf16/fp16 (--precision) has its receiver run here in float32: the example
-    # records the dtype that crosses, while the CPU needs no autocast to run it
+    # records the dtype that crosses, while the CPU needs no autocast to run it. A model that
+    # computes in bf16 itself (bf16 weights) gets its bf16 as it is: widened, it met its weights
+    # as float32 ("mat1 and mat2 must have the same dtype")
     return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import time
 
+import torch
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.func import functional_call
 from torch.nn.parallel import DistributedDataParallel
 
 from partrain.config import RunConfig
@@ -41,7 +43,26 @@ def traced_allreduce_hook(events: EventLog):
     return hook
 
 
+def unused_parameters(model: nn.Module, sample: torch.Tensor) -> list[str]:
+    """The trainable parameters no gradient reaches from ``model(sample)``, found by a forward
+    and backward on the ``meta`` device (shapes only: no arithmetic, no memory, no random
+    numbers drawn); [] where the model cannot run there (``.item()``, data-dependent shapes)."""
+    params = {n: torch.empty_like(p, device="meta").requires_grad_(p.requires_grad) for n, p in model.named_parameters()}
+    buffers = {n: torch.empty_like(b, device="meta") for n, b in model.named_buffers()}
+    try:
+        out = functional_call(model, {**params, **buffers}, (sample.to("meta"),))
+        out = out if isinstance(out, torch.Tensor) else out[0]
+        out.float().sum().backward()
+    except Exception:  # noqa: BLE001 - not judged here: DDP then assumes every parameter is used
+        return []
+    return [n for n, p in params.items() if p.requires_grad and p.grad is None]
+
+
 def parallelize_ddp(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, ctx: DistContext, sample) -> Stepper:
+    # DDP waits for every parameter's gradient before it ends a step's allreduce; one the forward
+    # never uses would keep it waiting, so DDP is told to look for them, at the price of a walk
+    # over the autograd graph every step, only where there are some
+    unused = unused_parameters(model, sample)
     model.to(ctx.device)
     dp_group = ctx.group("dp")
     ddp = DistributedDataParallel(
@@ -49,6 +70,7 @@ def parallelize_ddp(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, c
         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
         process_group=dp_group,
         bucket_cap_mb=cfg.bucket_mb,
+        find_unused_parameters=bool(unused),
     )
     if ctx.events.enabled:
         ddp.register_comm_hook(dp_group, traced_allreduce_hook(ctx.events))

@@ -19,11 +19,22 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from partrain.config import RunConfig
 from partrain.distributed.context import DistContext
+from partrain.errors import PartrainError
 from partrain.strategies.base import Stepper, make_optimizer, shard_rows
 from partrain.strategies.precision import fsdp_policy, shard_norms_in_float32
 
 
+def check_shardable(model: nn.Module, name: str, strategy: str) -> None:
+    """Refuse, before any worker starts, a model ``fully_shard`` cannot take: it shards every
+    parameter along its first dimension, and a scalar has none (a worker's ValueError, before)."""
+    scalar = next((qualname for qualname, p in model.named_parameters() if p.dim() == 0), None)
+    if scalar is not None:
+        raise PartrainError(f"model {name!r}: parameter {scalar} is a scalar, which fully_shard ({strategy}) cannot "
+                            "shard: give it shape (1,), or use ddp, local-sgd or a pipeline")
+
+
 def parallelize_fsdp(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, ctx: DistContext, sample) -> Stepper:
+    check_shardable(model, cfg.model, cfg.strategy)  # preflight's check, for a caller without one (the profiler)
     # FSDP shards contiguous parameters only: with --channels-last the batches alone are NHWC
     # (cuDNN picks NHWC convolutions for NHWC inputs)
     model.to(ctx.device, memory_format=torch.contiguous_format)

@@ -38,7 +38,7 @@ from torch.distributed.pipelining import SplitPoint, pipeline
 
 from partrain.errors import PartrainError
 
-_CONTAINERS = (nn.ModuleList, nn.Sequential)
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)  # their children can begin blocks
 
 
 @torch.no_grad()
