@@ -203,7 +203,7 @@ def test_a_weight_tied_in_a_traced_module_trains_as_serially():
 
 def test_ddp_of_a_model_with_a_parameter_its_forward_never_uses_trains_as_serially():
     # DDP would wait for that gradient forever (a worker traceback, before): the meta pass finds it
-    from partrain.strategies.ddp import unused_parameters
+    from partrain.models.check import unused_parameters
     from tests.gallery import unused
 
     assert unused_parameters(unused((1, 28, 28), 10), torch.zeros(2, 1, 28, 28)) == ["spare.weight", "spare.bias"]
@@ -225,6 +225,8 @@ def test_a_model_in_bfloat16_of_its_own_crosses_stages_in_bfloat16():
     bf16 = dict(model="tests.gallery:bf16_weights", **IMAGE)
     serial = _run(**bf16)
     assert _rel(_run(**bf16, strategy="1f1b", workers=2, microbatches=2), serial) <= 1e-2  # bf16 sums, split otherwise
+    low = _run(**bf16, precision="bf16")  # --precision bf16 too: its stages send bf16 to bf16 weights
+    assert _rel(_run(**bf16, precision="bf16", strategy="1f1b", workers=2, microbatches=2), low) <= 1e-2
 
 
 def test_a_pipeline_worker_without_parameters_trains_as_serially():

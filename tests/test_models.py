@@ -140,6 +140,8 @@ def test_user_factory_with_blocks():
 def test_a_factory_with_positional_only_parameters_gets_them_by_position():
     model = build_model("tests.userfactory:positional_only", (1, 28, 28), 10, width=4)
     assert model[1].out_features == 4 and model[3].out_features == 10
+    model = build_model("tests.userfactory:positional_only_open", (1, 28, 28), 10, width=5)  # and **options
+    assert model[1].out_features == 5 and model[3].out_features == 10
 
 
 def test_user_factory_without_arguments_is_called_bare():
@@ -200,6 +202,7 @@ def test_a_model_without_trainable_parameters_is_refused(tmp_path, monkeypatch):
 @pytest.mark.parametrize("factory, message", [
     ("blocks_skip_activations", r"its forward runs module '2' \(Tanh\) 1 time\(s\), the blocks its factory returned 0"),
     ("blocks_leave_a_parameter_out", "parameter scale is in none of the blocks"),
+    ("blocks_miss_the_forwards_reshape", r"block 0 \(Linear\) of the blocks its factory returned failed on input \(2, 1, 28, 28\)"),
 ])
 def test_blocks_that_do_not_compute_the_forward_are_refused(factory, message):
     """Pipelines train the blocks: ones that are not the model would train another network."""
@@ -208,6 +211,7 @@ def test_blocks_that_do_not_compute_the_forward_are_refused(factory, message):
     with pytest.raises(PartrainError, match=message):
         checked_model(f"tests.userfactory:{factory}", (1, 28, 28), 10, {})
     checked_model("tests.userfactory:build", (1, 28, 28), 10, {})  # blocks that are the forward pass
+    checked_model("tests.userfactory:blocks_with_a_spare_head", (1, 28, 28), 10, {})  # what forward never uses
 
 
 @pytest.mark.parametrize("options, message", [

@@ -705,6 +705,19 @@ def cluster():
     return load_cluster(EXAMPLE_CLUSTER)
 
 
+def test_plans_that_would_shard_a_scalar_parameter_are_refused(factory_profile):
+    # the model profile names the scalar; train refuses fsdp and a hybrid's replicas for it
+    import dataclasses
+
+    scalar = dataclasses.replace(factory_profile, scalar_parameter="gain")
+    why = {p.label(): reason for p, reason in enumerate_plans(scalar, workers=4, batch_size=32, with_invalid=True)}
+    refused = {label for label, reason in why.items() if reason and "parameter gain is a scalar" in reason}
+    assert any(label.startswith("fsdp") for label in refused) and any("dp2" in label for label in refused)
+    assert refused == {label for label in why if label.startswith("fsdp") or "dp2" in label or "dp4" in label}
+    assert all(reason is None or "scalar" not in reason
+               for _, reason in enumerate_plans(factory_profile, workers=4, batch_size=32, with_invalid=True))
+
+
 def test_every_plan_on_a_user_factory(factory_profile, cluster):
     plans = enumerate_plans(factory_profile, workers=2, batch_size=32)
     strategies = {p.strategy for p in plans}

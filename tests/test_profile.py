@@ -164,6 +164,8 @@ def test_an_edited_cached_profile_is_measured_again(tmp_path, monkeypatch, mlp, 
     (lambda raw: raw.__setitem__("optimizer_s", []), "optimizer_s holds []"),
     (lambda raw: raw.__setitem__("blocks", []), "no block measured"),
     (lambda raw: raw.__setitem__("batch_sizes", [16, 4]), "are not increasing sizes"),
+    (lambda raw: raw.__setitem__("loss_s", []), "loss_s holds 0 values for 2 batch sizes"),
+    (lambda raw: raw["blocks"].__setitem__(1, 7), "blocks.1 is not an object"),
 ])
 def test_a_cached_profile_of_the_wrong_shape_is_measured_again(tmp_path, monkeypatch, mlp, capsys, edit, where):
     """A string where a time is, a list one short: the predictor's arithmetic raised TypeError
@@ -185,7 +187,7 @@ def test_a_model_too_big_to_profile_here_says_so(tmp_path, monkeypatch):
                            "to allocate 160000000000 bytes")
 
     monkeypatch.setattr(model_module, "profile_model", out_of_memory)
-    with pytest.raises(PartrainError, match="mlp at batch 16 does not fit in this machine's memory, and partrain profiles"):
+    with pytest.raises(PartrainError, match="mlp, profiled at batches up to 16, does not fit in this machine's memory, and partrain profiles"):
         load_or_profile("mlp", "mnist", [4, 16], 1, tmp_path, synthetic=True)
 
 

@@ -154,3 +154,38 @@ def positional_only(input_shape, num_classes, /, width=8):
 
 def other_names(shape, n_classes):
     return nn.Sequential(nn.Flatten(), nn.Linear(784, n_classes))
+
+
+def blocks_with_a_spare_head(input_shape, num_classes):
+    """An auxiliary head the forward never calls, in no block: trained by no strategy, refused by none."""
+
+    class Spare(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Flatten(), nn.Linear(784, num_classes))
+            self.aux = nn.Linear(784, num_classes)
+
+        def forward(self, x):
+            return self.body(x)
+
+    model = Spare()
+    return model, [model.body[0], model.body[1]]
+
+
+def blocks_miss_the_forwards_reshape(input_shape, num_classes):
+    """The forward flattens its input itself; its blocks do not."""
+
+    class Flattens(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(784, 16), nn.Linear(16, num_classes)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+    model = Flattens()
+    return model, [model.fc1, model.fc2]
+
+
+def positional_only_open(input_shape, num_classes, /, **options):
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, options.get("width", 8)), nn.Tanh(), nn.Linear(options.get("width", 8), num_classes))

@@ -25,6 +25,7 @@ from partrain.models import build_model
 from partrain.models.check import checked_model
 from partrain.models.registry import raised_by_model
 from partrain.outputs import check_dir, check_file
+from partrain.spec import fully_sharded
 from partrain.strategies.fsdp import check_shardable
 from partrain.strategies.pipeline import check_pipeline
 from partrain.strategies.precision import check_precision
@@ -39,7 +40,7 @@ def preflight(cfg: RunConfig) -> RunConfig:
     if cfg.dims.pp * cfg.stages_per_worker > 1:  # what the stages would send each other, or the tracer's verdict
         build = lambda: build_model(cfg.model, spec.input_shape, spec.num_classes, **cfg.model_options)  # noqa: E731
         check_pipeline(model, build, cfg, sample)
-    if cfg.strategy == "fsdp" or (cfg.strategy == "hybrid" and cfg.dims.dp > 1):  # replicas through fully_shard
+    if fully_sharded(cfg.strategy, cfg.dims.dp):
         check_shardable(model, cfg.model, cfg.strategy)
     if cfg.strategy == "hogwild" and cfg.backend == "nccl":
         raise PartrainError("hogwild shares weights in host memory: run it with --backend gloo")

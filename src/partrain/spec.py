@@ -126,6 +126,17 @@ SPECS: dict[str, StrategySpec] = {s.name: s for s in (
 )}
 
 
+def fully_sharded(strategy: str, dp: int) -> bool:
+    """Its replicas hold their parameters through ``fully_shard``: fsdp, and a hybrid's with dp > 1."""
+    return strategy == "fsdp" or (strategy == "hybrid" and dp > 1)
+
+
+def scalar_refusal(model: str, parameter: str, strategy: str) -> str:
+    """Why a model with the scalar (0-dim) ``parameter`` cannot run ``strategy`` (a ``fully_sharded`` one)."""
+    return (f"model {model!r}: parameter {parameter} is a scalar, which fully_shard ({strategy}) cannot shard: "
+            "give it shape (1,), or use ddp, local-sgd or a pipeline")
+
+
 def strategy_spec(name: str) -> StrategySpec:
     """The spec of strategy ``name``; ``PartrainError`` naming the choices when there is none."""
     from partrain.errors import PartrainError

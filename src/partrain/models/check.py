@@ -15,6 +15,7 @@ from collections import Counter
 
 import torch
 import torch.nn as nn
+from torch.func import functional_call
 
 from partrain.errors import PartrainError
 from partrain.models.registry import _BLOCKS_ATTR, build_model, model_blocks
@@ -74,8 +75,9 @@ def _check_blocks_are_the_forward(name: str, model: nn.Module, x: torch.Tensor) 
     gpipe than under ddp, without a word (issue 17)."""
     blocks = model_blocks(model)
     owned = {id(p) for b in blocks for p in b.parameters()}
+    unused = set(unused_parameters(model, x))  # a spare layer the forward never calls need be in no block
     for qualname, p in model.named_parameters():
-        if p.requires_grad and id(p) not in owned:
+        if p.requires_grad and id(p) not in owned and qualname not in unused:
             raise PartrainError(f"model {name!r}: parameter {qualname} is in none of the blocks its factory returned: "
                                 "the blocks must hold the whole model, in the order its forward runs them")
     leaves = {id(m): (qualname or "the model", m) for qualname, m in model.named_modules() if not any(m.children())}
@@ -86,8 +88,15 @@ def _check_blocks_are_the_forward(name: str, model: nn.Module, x: torch.Tensor) 
             model(x)
             forward, calls = calls, Counter()
             value = x
-            for block in blocks:
-                value = block(value)
+            for i, block in enumerate(blocks):
+                try:
+                    value = block(value)
+                except Exception as err:  # noqa: BLE001 - the user's blocks, reported in one line
+                    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+                    raise PartrainError(
+                        f"model {name!r}: block {i} ({type(block).__name__}) of the blocks its factory returned failed "
+                        f"on input {_shape(value)} ({reason}), where the model's forward ran: the blocks, one after "
+                        "another, must compute the forward (pipelines train the blocks)") from err
     finally:
         for hook in hooks:
             hook.remove()
@@ -97,6 +106,23 @@ def _check_blocks_are_the_forward(name: str, model: nn.Module, x: torch.Tensor) 
                 f"model {name!r}: its forward runs module {qualname!r} ({type(module).__name__}) {forward[key]} time(s), the "
                 f"blocks its factory returned {calls[key]}: the blocks, one after another, must compute the forward "
                 "(pipelines train the blocks); return them in order, or return the model alone")
+
+
+def unused_parameters(model: nn.Module, sample: torch.Tensor) -> list[str]:
+    """The trainable parameters no gradient reaches from ``model(sample)``, found by a forward
+    and backward on the ``meta`` device (shapes only: no arithmetic, no memory; the CPU's random
+    generator left as it was, should the forward draw from it); [] where the model cannot run
+    there (``.item()``, data-dependent shapes)."""
+    params = {n: torch.empty_like(p, device="meta").requires_grad_(p.requires_grad) for n, p in model.named_parameters()}
+    buffers = {n: torch.empty_like(b, device="meta") for n, b in model.named_buffers()}
+    try:
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            out = functional_call(model, {**params, **buffers}, (sample.to("meta"),))
+            out = out if isinstance(out, torch.Tensor) else out[0]
+            out.float().sum().backward()
+    except Exception:  # noqa: BLE001 - not judged here: every parameter is taken as used
+        return []
+    return [n for n, p in params.items() if p.requires_grad and p.grad is None]
 
 
 def _failing_block(name: str, model: nn.Module, x: torch.Tensor, err: Exception) -> PartrainError:

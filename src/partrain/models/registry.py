@@ -86,32 +86,32 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
 def _call(
     name: str, factory: Callable, input_shape: tuple[int, ...], num_classes: int, options: dict
 ):
-    """Call ``factory`` with the keywords it accepts; an option it does not accept is an error."""
+    """Call ``factory`` with what it accepts of ``input_shape``, ``num_classes`` and the options,
+    positional-only parameters by position, the rest by name; an option it does not accept, or
+    a parameter it needs that partrain does not pass, is one line."""
+    Kind = inspect.Parameter
     params = inspect.signature(factory).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return _guarded(name, factory, input_shape=input_shape, num_classes=num_classes, **options)
-    unknown = [key for key in options if key not in params]
+    open_ended = any(p.kind is Kind.VAR_KEYWORD for p in params.values())  # **kwargs takes any option
+    given = {"input_shape": input_shape, "num_classes": num_classes, **options}
+    unknown = [key for key in options if not open_ended and key not in params]
     if unknown:
         accepted = [key for key in params if key not in ("input_shape", "num_classes")]
         raise PartrainError(
             f"model {name!r} has no option {unknown[0]!r}; "
             f"its options are: {', '.join(accepted) or 'none'}"
         )
-    given = {"input_shape": input_shape, "num_classes": num_classes, **options}
-    missing = [p.name for p in params.values() if p.default is inspect.Parameter.empty and p.name not in given
-               and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    missing = [p.name for p in params.values() if p.default is Kind.empty and p.name not in given
+               and p.kind not in (Kind.VAR_POSITIONAL, Kind.VAR_KEYWORD)]
     if missing:
         raise PartrainError(f"model {name!r}: its factory needs {missing[0]!r}, which partrain does not pass: it passes "
                             "input_shape and num_classes by those names, and --model-option KEY=VALUE for the rest")
-    # positional-only parameters (``def f(input_shape, num_classes, /)``) by position, the rest by name
-    leading = []
-    for p in params.values():
-        if p.kind is not inspect.Parameter.POSITIONAL_ONLY or p.name not in given:
-            break  # the rest of them keep their defaults
-        leading.append(given[p.name])
-    named = {key: value for key, value in given.items()
-             if key in params and params[key].kind is not inspect.Parameter.POSITIONAL_ONLY}
-    return _guarded(name, factory, *leading, **named)
+    positional = [p.name for p in params.values() if p.kind is Kind.POSITIONAL_ONLY]
+    last = max((i for i, key in enumerate(positional) if key in given), default=-1)  # those after it keep defaults
+    if skipped := [key for key in positional[:last] if key not in given]:
+        raise PartrainError(f"model {name!r}: its factory takes {skipped[0]!r} by position only, before "
+                            f"{positional[last]!r}: give --model-option {skipped[0]}=VALUE too")
+    named = {key: value for key, value in given.items() if key not in positional and (open_ended or key in params)}
+    return _guarded(name, factory, *(given[key] for key in positional[:last + 1]), **named)
 
 
 def _guarded(name: str, factory: Callable, *args, **kwargs):

@@ -33,7 +33,7 @@ _BACKENDS = ("gloo", "nccl")
 # clock), and a figure outside them is a typo in units
 _RANGES = {
     "nodes": (1, 100_000), "workers_per_node": (1, 4096), "cores_per_node": (1, 10**6),
-    "device_memory_gb": (1e-3, 1e6), "compute_speed": (1e-3, 1e3),
+    "device_memory_gb": (1e-3, 1e6), "compute_speed": (1e-6, 1e6),
     "bandwidth_gb_per_s": (1e-6, 1e6), "latency_us": (0, 1e7),
 }
 
@@ -123,7 +123,7 @@ def check_workers_fit(hardware: HardwareProfile, workers: int, source: str) -> N
     """Refuse a plan of more workers than the cluster described by ``source`` has: its nodes
     times its workers per node (ranks beyond them have nowhere to run). One machine profiled
     with fewer workers is not full: more of them share its cores, as on the machine itself."""
-    if hardware.nodes <= 1 and hardware.source.startswith("measured"):
+    if hardware.nodes <= 1 and not hardware.fingerprint.startswith("cluster:"):  # a measured profile, not a TOML
         return
     room = hardware.nodes * hardware.workers_per_node
     if workers > room:

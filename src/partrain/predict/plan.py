@@ -14,7 +14,7 @@ from partrain.config import RunConfig, to_argv
 from partrain.errors import PartrainError
 from partrain.predict.cut import pipeline_refusal, untraced_refusal
 from partrain.predict.profiles import HardwareProfile, ModelProfile
-from partrain.spec import OPTIONS, SPECS, StrategySpec, threads_per_worker
+from partrain.spec import OPTIONS, SPECS, StrategySpec, fully_sharded, scalar_refusal, threads_per_worker
 
 MB = 2**20  # DDP's bucket_cap_mb is in MiB (torch.nn.parallel.distributed._MB_TO_BYTES)
 
@@ -139,6 +139,8 @@ def check_plan(profile: ModelProfile, plan: Plan, hardware: HardwareProfile | No
         return reason
     if reason := pipeline_refusal(cfg, len(profile.blocks)):
         return reason
+    if profile.scalar_parameter and fully_sharded(plan.strategy, plan.dp):
+        return scalar_refusal(profile.model, profile.scalar_parameter, plan.strategy)
     if plan.batch_size > profile.train_samples:
         return f"batch {plan.batch_size} exceeds the {profile.train_samples} training samples"
     if hardware is not None:

@@ -286,6 +286,8 @@ class ModelProfile(JsonProfile):
     # the predictor falls back to the hardware profile's probe)
     compute_sharing: dict[int, float] = field(default_factory=dict)
     sharing_batch: int = 0
+    # the model's first 0-dimensional parameter, which fully_shard cannot shard ("": none, or not looked for)
+    scalar_parameter: str = ""
     method: int = MODEL_MEASUREMENT  # the MODEL_MEASUREMENT that took it (files without one: 1)
 
     @property
@@ -322,7 +324,7 @@ class ModelProfile(JsonProfile):
             raise ValueError("blocks: no block measured")
         for i, b in enumerate(d["blocks"]):
             _check_fields(BlockProfile, b, f"blocks.{i}.")
-        per_batch = {k: d[k] for k in _PER_BATCH if d.get(k)} | {
+        per_batch = {k: d[k] for k in _PER_BATCH if k in _MEASURED_ALWAYS or d.get(k)} | {
             f"blocks.{i}.{k}": b[k] for i, b in enumerate(d["blocks"]) for k in _BLOCK_PER_BATCH}
         for where, values in per_batch.items():  # what the predictor interpolates between batch sizes
             if len(values) != len(d["batch_sizes"]):
@@ -338,6 +340,7 @@ class ModelProfile(JsonProfile):
 
 # the lists that hold one figure per batch size (empty where not measured), in a profile and in a block
 _PER_BATCH = ("loss_s", "data_s", "train_peak_rss_bytes", "train_peak_reserved_bytes", "loop_s")
+_MEASURED_ALWAYS = ("loss_s", "data_s", "train_peak_rss_bytes")  # the others are empty where not measured
 _BLOCK_PER_BATCH = ("fwd_s", "bwd_s", "out_bytes", "saved_bytes", "flops")
 
 
@@ -346,7 +349,7 @@ def _check_fields(cls, raw, where: str) -> None:
     of its declared type: a hand-edited profile is refused, not fed to the arithmetic (a time
     that is a string once stopped `predict` with a TypeError)."""
     if not isinstance(raw, dict):
-        raise ValueError(f"{where or 'the top'} is not an object")
+        raise ValueError(f"{where.rstrip('.') or 'the top'} is not an object")
     hints = get_type_hints(cls)
     for f in fields(cls):
         if f.name in raw and f.name != "blocks" and not _conforms(raw[f.name], hints[f.name]):

@@ -203,9 +203,9 @@ def load_or_profile(model: str, dataset: str, batch_sizes: list[int], threads: i
         if "can't allocate memory" in str(err) or type(err).__name__ == "OutOfMemoryError":  # not the model's fault
             where = "GPU" if run.device_kind == "cuda" else "machine"
             raise PartrainError(
-                f"{model} at batch {max(batch_sizes)} does not fit in this {where}'s memory, and partrain profiles a model "
-                "by training it on the machine that predicts: run predict or recommend on one where it fits (with "
-                "--cluster for the machines that will train it), or ask for a smaller --batch-size") from err
+                f"{model}, profiled at batches up to {max(batch_sizes)}, does not fit in this {where}'s memory, and partrain "
+                "profiles a model by training it on the machine that predicts: profile and predict on one where it "
+                "fits (--cluster describes the machines that will train it), or use smaller batches") from err
         if (line := raised_by_model(err, model, "being profiled")) is None:
             raise
         raise line from err

@@ -66,6 +66,7 @@ from partrain.progress import phase
 from partrain.strategies.base import (
     loss_fn,  # class or per-token cross-entropy, as training scores it
 )
+from partrain.strategies.fsdp import scalar_parameter
 from partrain.strategies.traced import TracedSpan, traced_blocks
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
@@ -224,6 +225,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         optimizer_s = {kind: _time_optimizer(params, kind, dev) for kind in OPTIMIZERS}
     finally:
         torch.set_num_threads(saved_threads)
+    scalar = scalar_parameter(net) or ""  # fsdp and a hybrid's replicas refuse such a model (plan.check_plan)
     if dev.type == "cuda":  # the probe process measures its own allocator: give it the memory back
         del net, blocks, params
         torch.cuda.empty_cache()
@@ -264,7 +266,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         other_load=others, options=options, world_of_one_s=memory["world_of_one"],
         world_of_one_batch=min(batch_sizes), device=device_name(dev), precision=precision,
         channels_last=channels_last, compile=compile, train_peak_reserved_bytes=memory.get("train_peaks_reserved", []),
-        loop_s=loop, compute_sharing=sharing, sharing_batch=sharing_batch,
+        loop_s=loop, compute_sharing=sharing, sharing_batch=sharing_batch, scalar_parameter=scalar,
     )
 
 

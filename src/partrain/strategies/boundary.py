@@ -177,19 +177,24 @@ def stage_examples(stages: list[Stage], mb_sample: torch.Tensor) -> list[tuple[t
         examples, args = [], (mb_sample,)
         for s, stage in enumerate(stages):
             lowered = s > 0 and stages[s - 1].sends is not None  # --precision's dtype, not the model's own
-            out = stage(*(_widened(a) if lowered else a for a in args))
+            out = stage(*(_widened(a, _weights_dtype(stage)) if lowered else a for a in args))
             outs = out if isinstance(out, tuple) else (out,)
             examples.append((tuple(_meta(a, s > 0) for a in args), tuple(_meta(o, True) for o in outs)))
             args = outs
         return examples
 
 
-def _widened(t: torch.Tensor) -> torch.Tensor:
-    # a stage sending bf16/fp16 (--precision) has its receiver run here in float32: the example
-    # records the dtype that crosses, while the CPU needs no autocast to run it. A model that
-    # computes in bf16 itself (bf16 weights) gets its bf16 as it is: widened, it met its weights
-    # as float32 ("mat1 and mat2 must have the same dtype")
-    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+def _widened(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # a stage sending bf16/fp16 (--precision) has its receiver run here without autocast, so in
+    # its weights' dtype: the example records the dtype that crosses, while the CPU needs no
+    # autocast to run it. Float32 weights get float32; a model that computes in bf16 itself
+    # (bf16 weights) keeps its bf16 (widened to float32 it met them as "mat1 and mat2 must have
+    # the same dtype"). Activations of a model's own dtype are never widened (see the caller).
+    return t.to(dtype) if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
+def _weights_dtype(stage: nn.Module) -> torch.dtype:
+    return next((p.dtype for p in stage.parameters() if p.is_floating_point()), torch.float32)
 
 
 def _meta(t: torch.Tensor, grad: bool) -> torch.Tensor:

@@ -13,12 +13,12 @@ import time
 import torch
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.func import functional_call
 from torch.nn.parallel import DistributedDataParallel
 
 from partrain.config import RunConfig
 from partrain.distributed.context import DistContext
 from partrain.events import EventLog
+from partrain.models.check import unused_parameters
 from partrain.strategies.base import Stepper, make_optimizer, shard_rows
 
 
@@ -41,21 +41,6 @@ def traced_allreduce_hook(events: EventLog):
         return default_hooks.allreduce_hook(group, bucket).then(done)
 
     return hook
-
-
-def unused_parameters(model: nn.Module, sample: torch.Tensor) -> list[str]:
-    """The trainable parameters no gradient reaches from ``model(sample)``, found by a forward
-    and backward on the ``meta`` device (shapes only: no arithmetic, no memory, no random
-    numbers drawn); [] where the model cannot run there (``.item()``, data-dependent shapes)."""
-    params = {n: torch.empty_like(p, device="meta").requires_grad_(p.requires_grad) for n, p in model.named_parameters()}
-    buffers = {n: torch.empty_like(b, device="meta") for n, b in model.named_buffers()}
-    try:
-        out = functional_call(model, {**params, **buffers}, (sample.to("meta"),))
-        out = out if isinstance(out, torch.Tensor) else out[0]
-        out.float().sum().backward()
-    except Exception:  # noqa: BLE001 - not judged here: DDP then assumes every parameter is used
-        return []
-    return [n for n, p in params.items() if p.requires_grad and p.grad is None]
 
 
 def parallelize_ddp(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, ctx: DistContext, sample) -> Stepper:

@@ -20,6 +20,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from partrain.config import RunConfig
 from partrain.distributed.context import DistContext
 from partrain.errors import PartrainError
+from partrain.spec import scalar_refusal
 from partrain.strategies.base import Stepper, make_optimizer, shard_rows
 from partrain.strategies.precision import fsdp_policy, shard_norms_in_float32
 
@@ -27,10 +28,13 @@ from partrain.strategies.precision import fsdp_policy, shard_norms_in_float32
 def check_shardable(model: nn.Module, name: str, strategy: str) -> None:
     """Refuse, before any worker starts, a model ``fully_shard`` cannot take: it shards every
     parameter along its first dimension, and a scalar has none (a worker's ValueError, before)."""
-    scalar = next((qualname for qualname, p in model.named_parameters() if p.dim() == 0), None)
-    if scalar is not None:
-        raise PartrainError(f"model {name!r}: parameter {scalar} is a scalar, which fully_shard ({strategy}) cannot "
-                            "shard: give it shape (1,), or use ddp, local-sgd or a pipeline")
+    if (scalar := scalar_parameter(model)) is not None:
+        raise PartrainError(scalar_refusal(name, scalar, strategy))
+
+
+def scalar_parameter(model: nn.Module) -> str | None:
+    """The name of ``model``'s first 0-dimensional parameter (None when it has none)."""
+    return next((qualname for qualname, p in model.named_parameters() if p.dim() == 0), None)
 
 
 def parallelize_fsdp(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, ctx: DistContext, sample) -> Stepper:
