@@ -142,6 +142,8 @@ CASES = [
     ("cluster-json-of-another-program", ["predict", "--cluster", "{tmp}/c.json", "--profile-dir", "{tmp}/p"], {"c.json": '{"a": 1}'},
      ["is not a hardware profile partrain can use", "examples/cluster.toml"]),
     ("scale-unknown-strategy", ["scale", "strong", "--strategies", "ddp,warp", "--store", "{tmp}/s.sqlite"], {}, ["warp"]),
+    ("suite-a-model-twice", ["bench", "{tmp}/s.toml", "--store", "{tmp}/s.sqlite"], {"s.toml": SUITE.replace('["mlp"]', '["mlp", "mlp"]')},
+     ["models lists 'mlp' twice", "repeats"]),
     ("suite-infinite-lr", ["bench", "{tmp}/s.toml", "--store", "{tmp}/s.sqlite"], {"s.toml": SUITE + "lrs = [inf]\n"}, ["lrs"]),
     ("suite-huge-batch", ["bench", "{tmp}/s.toml", "--store", "{tmp}/s.sqlite"], {"s.toml": SUITE + "batch_sizes = [1000000000000]\n"}, ["batch"]),
     ("suite-model-without-factory", ["bench", "{tmp}/s.toml", "--store", "{tmp}/s.sqlite"], {"s.toml": SUITE.replace('"mlp"', '"mlp:"')}, ["unknown model 'mlp:'"]),

@@ -149,7 +149,9 @@ def test_events_trace_micro_batches_and_allreduce(data_dir, tmp_path):
     from partrain.events import read_events
 
     base = dict(model="mlp", steps=3, evaluate=False, data_dir=str(data_dir), threads=1)
-    run_training(RunConfig(strategy="1f1b", workers=2, microbatches=4, events=str(tmp_path / "pp"), **base), show_progress=False)
+    # with an evaluation after training, whose micro-batches are not training's (they were recorded as such)
+    run_training(RunConfig(strategy="1f1b", workers=2, microbatches=4, events=str(tmp_path / "pp"),
+                           **{**base, "evaluate": True, "eval_limit": 64}), show_progress=False)
     events = read_events(tmp_path / "pp")
     for rank in (0, 1):
         mine = [e for e in events if e["rank"] == rank]

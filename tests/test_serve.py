@@ -155,13 +155,22 @@ def test_predict_reads_a_drawn_digit_as_the_model_reads_the_image(server, data_d
     (json.dumps({"width": 10, "height": 10, "ink": base64.b64encode(b"\0" * 99).decode()}).encode(), {}, 400, "not width x height"),
     (json.dumps({"width": 5000, "height": 1, "ink": ""}).encode(), {}, 400, "outside 1..1024"),
     (b"x", {"Content-Length": str(64 * 2**20)}, 413, "at most"),
-    (b'{"width": Infinity, "height": 1, "ink": ""}', {}, 400, "OverflowError"),  # dropped the connection, before
+    (b'{"width": Infinity, "height": 1, "ink": ""}', {}, 400, "TypeError"),  # dropped the connection, before
     (b"[" * 100_000 + b"]" * 100_000, {}, 400, "RecursionError"),
+    (json.dumps({"width": 2.5, "height": 2, "ink": base64.b64encode(b"\0" * 4).decode()}).encode(), {}, 400, "TypeError"),
+    (json.dumps({"width": True, "height": 4, "ink": base64.b64encode(b"\0" * 4).decode()}).encode(), {}, 400, "TypeError"),
 ])
 def test_bad_requests_are_refused_with_a_reason(server, body, headers, status, message):
     code, data = _request(server[1], "POST", "/predict", body, headers)
     assert code == status and message in json.loads(data)["error"]
     assert _request(server[1], "GET", "/nonesuch")[0] == 404
+
+
+def test_other_methods_and_query_strings_get_json_answers(server):
+    code, data = _request(server[1], "PUT", "/predict", b"{}")
+    assert code == 405 and "PUT is not served" in json.loads(data)["error"]  # http.server's HTML 501, before
+    code, data = _request(server[1], "POST", "/predict?from=page", b"{}")
+    assert code == 400 and "expected JSON" in json.loads(data)["error"]  # a 404 for /predict?from=page, before
 
 
 def test_a_client_that_sends_nothing_does_not_hold_the_page_for_others(server):

@@ -38,6 +38,16 @@ class EventLog:
         return self._span(name, attrs)
 
     @contextlib.contextmanager
+    def paused(self):
+        """Record nothing inside: what a pipeline's stages do for evaluation is not training
+        (they record every micro-batch forward and backward, whatever schedule runs them)."""
+        was, self.enabled = self.enabled, False
+        try:
+            yield
+        finally:
+            self.enabled = was
+
+    @contextlib.contextmanager
     def _span(self, name: str, attrs: dict):
         start = time.perf_counter()
         try:

@@ -239,6 +239,9 @@ def suite_from_dict(raw: dict, source: str) -> Suite:
                 raise PartrainError(f"{source}: {key} is empty; give at least one value")
         for item in value if is_list else [value]:
             _check_value(source, key, item, kind, check)
+        if is_list and (twice := next((v for i, v in enumerate(value) if v in value[:i]), None)) is not None:
+            # the same cell built twice over, measured twice under one key: `repeats` measures again
+            raise PartrainError(f"{source}: {key} lists {twice!r} twice; to measure cells more than once, set repeats")
         fields[key] = tuple(value) if is_list else value
     if "steps" in fields and "epochs" in fields:
         raise PartrainError(f"{source}: give steps (measured steps after warm-up) or epochs, not both")

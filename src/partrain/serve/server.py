@@ -61,7 +61,9 @@ def parse_drawing(body: bytes) -> torch.Tensor:
     """``{"width", "height", "ink": base64 of width x height bytes}`` -> [height, width] uint8; ValueError if not."""
     try:
         req = json.loads(body)
-        width, height, data = int(req["width"]), int(req["height"]), base64.b64decode(req["ink"], validate=True)
+        width, height, data = req["width"], req["height"], base64.b64decode(req["ink"], validate=True)
+        if not all(type(side) is int for side in (width, height)):  # not 2.5 cut to 2, nor true taken as 1
+            raise TypeError("width and height must be whole numbers")
     except (ValueError, KeyError, TypeError, OverflowError, RecursionError, binascii.Error) as err:  # Infinity, [[[...]]]
         raise ValueError(f"expected JSON {{width, height, ink: base64}}: {type(err).__name__}") from None
     if not (0 < width <= MAX_SIDE and 0 < height <= MAX_SIDE):
@@ -97,8 +99,9 @@ def handler_for(reader: Reader) -> type[BaseHTTPRequestHandler]:
                 self._json(HTTPStatus.NOT_FOUND, {"error": f"no page {path}"})
 
         def do_POST(self) -> None:  # noqa: N802
-            if self.path != "/predict":
-                self._json(HTTPStatus.NOT_FOUND, {"error": f"no page {self.path}"})
+            path = self.path.split("?")[0].split("#")[0]
+            if path != "/predict":
+                self._json(HTTPStatus.NOT_FOUND, {"error": f"no page {path}"})
                 return
             try:
                 length = int(self.headers.get("Content-Length", ""))
@@ -115,6 +118,19 @@ def handler_for(reader: Reader) -> type[BaseHTTPRequestHandler]:
                 self._json(HTTPStatus.BAD_REQUEST, {"error": str(err)})
                 return
             self._json(HTTPStatus.OK, reader.read(ink))
+
+        def _not_allowed(self) -> None:
+            # any other method: JSON like every other answer, not http.server's HTML 501
+            self.close_connection = True  # a body it may have sent is not read
+            self.send_response(HTTPStatus.METHOD_NOT_ALLOWED)
+            body = json.dumps({"error": f"{self.command} is not served: GET / or /info, POST /predict"}).encode()
+            self.send_header("Allow", "GET, POST")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed  # noqa: N815
 
         def log_message(self, format: str, *args) -> None:  # noqa: A002 - quiet: one line per drawing is noise
             pass
