@@ -165,3 +165,15 @@ def test_cut_balances_stages_by_parameters():
     assert [len(s) for s in cut(blocks, 3)] == [2, 2, 1]
     with pytest.raises(Exception, match="model-parallel: 4 stages for 3 layers"):
         cut(blocks, 4)
+
+
+def test_the_phase_means_leave_out_the_first_steps():
+    """The first step's start-up is no phase of a steady step: with 3 steps it made the phase
+    means four times the median step beside them (a review)."""
+    from partrain.scratch.local import Timeline
+
+    timeline = Timeline()
+    timeline.steps = [{"comm": 0.030, "compute": 0.002}] + [{"comm": 0.001, "compute": 0.002}] * 2
+    assert timeline.steady_ms() == pytest.approx({"comm": 1.0, "compute": 2.0})
+    timeline.steps = [{"comm": 0.030}] * 5 + [{"comm": 0.001}] * 35  # 40 steps: the first 5 left out
+    assert timeline.steady_ms() == pytest.approx({"comm": 1.0})

@@ -217,7 +217,7 @@ def _train(comm: Comm, cfg: ScratchConfig, show_progress: bool = False) -> Scrat
         epochs=epochs, step_losses=[float(v) for v in losses], step_seconds=step_seconds, processes=comm.world,
         steps_per_epoch=steps_per_epoch,
         partition=_partition(stepper) if cfg.strategy == "model-parallel" else None,
-        phases_ms=timeline.mean_ms(skip=min(WARMUP_STEPS, len(timeline.steps) // 4)),
+        phases_ms=timeline.steady_ms(WARMUP_STEPS),
         cpu_ms_per_step=1e3 * cpu / max(1, len(step_seconds)),
         peak_memory_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # this process's peak RSS (Linux: KiB)
     )
