@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 
-import torch
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
