@@ -85,27 +85,30 @@ def read_events(directory: str | Path) -> list[dict]:
 
 def read_meta(directory: str | Path) -> dict[int, dict]:
     """Each rank's ``meta.json`` (clock anchor, host; rank 0 also the run's configuration)."""
-    metas = (_record(p, p.read_text(errors="replace"), _META) for p in Path(directory).glob("rank*.meta.json"))
+    metas = (_record(p, p.read_text(errors="replace"), _META, optional=_META_OPTIONAL)
+             for p in Path(directory).glob("rank*.meta.json"))
     return {int(m["rank"]): m for m in metas}
 
 
 _NUMBER = (int, float)
-# what each record must hold, with its type; a key left out of a meta record may be absent
+# what each record must hold, with its type; a meta record's optional keys may be absent
 _EVENT = {"rank": (int,), "name": (str,), "start": _NUMBER, "end": _NUMBER}
 _META = {"rank": (int,)}
 _META_OPTIONAL = {"wall0": _NUMBER, "config": (dict,), "scratch_config": (dict,)}
 
 
-def _record(path: Path, text: str, keys: dict[str, tuple[type, ...]], where: str = "") -> dict:
-    """One JSON object with ``keys`` of their types, or one line naming the file (and line) that
-    is not one: a file edited by hand, or another program's, is refused, not a traceback."""
+def _record(path: Path, text: str, keys: dict[str, tuple[type, ...]], where: str = "",
+            optional: dict[str, tuple[type, ...]] | None = None) -> dict:
+    """One JSON object with ``keys`` of their types (and ``optional`` ones of theirs where present),
+    or one line naming the file (and line) that is not one: a file edited by hand, or another
+    program's, is refused, not a traceback."""
     try:
         record = json.loads(text)
     except ValueError as err:
         record, reason = None, f"is not JSON ({err.msg})"
     else:
         missing = [k for k in keys if not isinstance(record, dict) or k not in record]
-        wanted = {**keys, **(_META_OPTIONAL if keys is _META else {})}
+        wanted = {**keys, **(optional or {})}
         wrong = [k for k, types in wanted.items() if isinstance(record, dict) and k in record
                  and (isinstance(record[k], bool) or not isinstance(record[k], types))]
         reason = (f"lacks {missing[0]!r}" if missing else

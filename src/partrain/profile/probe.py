@@ -42,6 +42,7 @@ from partrain.spec import SPECS
 from partrain.strategies.base import (
     loss_fn,  # class or per-token cross-entropy, as training scores it
 )
+from partrain.strategies.fsdp import scalar_parameter
 
 
 def _status_bytes(key: str) -> int:
@@ -238,7 +239,7 @@ def _time_replica_wrapper(args: dict, x: torch.Tensor, y: torch.Tensor, steps: i
     device = torch.device(run["device"])
     net = place(build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"]), device,
                 run["channels_last"])
-    if any(p.dim() == 0 for p in net.parameters()):
+    if scalar_parameter(net) is not None:
         return 0.0  # fully_shard cannot wrap a scalar parameter: a hybrid with replicas refuses this model
     x, y, mesh = place_input(x, device, run["channels_last"]), y.to(device), None
     init_process_group(LaunchInfo("none"), "nccl" if device.type == "cuda" else "gloo", timeout_s=300.0)

@@ -78,8 +78,10 @@ def handler_for(reader: Reader) -> type[BaseHTTPRequestHandler]:
         server_version = "partrain-serve"
         timeout = REQUEST_TIMEOUT_S  # a client that connects and sends nothing (or less than it said) is dropped
 
-        def _send(self, status: int, body: bytes, kind: str) -> None:
+        def _send(self, status: int, body: bytes, kind: str, **headers: str) -> None:
             self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
@@ -122,13 +124,8 @@ def handler_for(reader: Reader) -> type[BaseHTTPRequestHandler]:
         def _not_allowed(self) -> None:
             # any other method: JSON like every other answer, not http.server's HTML 501
             self.close_connection = True  # a body it may have sent is not read
-            self.send_response(HTTPStatus.METHOD_NOT_ALLOWED)
             body = json.dumps({"error": f"{self.command} is not served: GET / or /info, POST /predict"}).encode()
-            self.send_header("Allow", "GET, POST")
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self._send(HTTPStatus.METHOD_NOT_ALLOWED, body, "application/json", Allow="GET, POST")
 
         do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed  # noqa: N815
 
