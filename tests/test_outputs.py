@@ -33,6 +33,33 @@ def test_a_pipe_or_a_device_is_never_replaced(tmp_path):
         check_file("--save-model", "/dev/null")
 
 
+def test_two_writers_of_one_path_each_publish_a_whole_file(tmp_path):
+    """The second writer starts while the first is mid-write (its half-file on disk): with a
+    shared temporary name the first rename published the second's half-file, and the second
+    rename then failed with FileNotFoundError."""
+    target = tmp_path / "profile.json"
+    seen = []
+
+    def first(f):
+        f.write("A" * 100)
+        f.flush()
+        write_atomic(target, lambda g: g.write("B" * 100), text=True)  # the other process, meanwhile
+        seen.append(target.read_text())
+        f.write("A" * 100)
+
+    write_atomic(target, first, text=True, sync=True)
+    assert seen == ["B" * 100]  # the second writer's file, whole
+    assert target.read_text() == "A" * 200  # then the first's, whole: the last rename wins
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]  # no temporary left
+    assert oct(target.stat().st_mode & 0o777) == oct(0o666 & ~_umask())  # the umask's mode, as open() gives
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @pytest.mark.parametrize("where, words", [
     ("{tmp}", "is a directory"),
     ("{tmp}/f.txt/x.csv", "is a file, not a folder"),

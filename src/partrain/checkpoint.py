@@ -103,7 +103,7 @@ def save(directory: str | Path, stepper: Stepper, rank: int, position: dict, met
 
 
 # what a set holds: every rank's file, rank 0's meta.json, and their temporary names mid-write
-_SET_FILE = re.compile(r"\.?(rank\d+\.pt|meta\.json)(\.tmp)?")
+_SET_FILE = re.compile(r"\.?(rank\d+\.pt|meta\.json)(\.\d+-[0-9a-f]+)?(\.tmp)?")  # atomic.write_atomic's names
 
 
 def _is_set(path: Path) -> bool:
