@@ -224,6 +224,24 @@ def test_a_model_profile_measured_by_an_earlier_method_is_measured_again(tmp_pat
     assert cache.load_or_profile("mlp", "mnist", [4, 16], 1, tmp_path, synthetic=True)[2]  # now reused
 
 
+def test_a_user_models_profile_is_keyed_by_its_source_and_its_whole_name(tmp_path, monkeypatch):
+    """An edited factory is a new model to profile, not the cached one (a review: the cache reused
+    the old profile); and ``pkg.mod:build_x`` and ``pkg.mod_build:x`` are two files, not one."""
+    from partrain.profile import cache
+
+    (tmp_path / "nets.py").write_text("def build(input_shape, num_classes):\n    return None\n")
+    (tmp_path / "nets_build.py").write_text("x = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = lambda model: cache.profile_path(tmp_path, model, "mnist", [4], 1).name  # noqa: E731
+    before = name("nets:build")
+    assert before.startswith("model-nets+build-src") and name("nets:build") == before
+    assert name("nets:build_x") != name("nets_build:x")
+    (tmp_path / "nets.py").write_text("def build(input_shape, num_classes):\n    return 1\n")
+    assert name("nets:build") != before
+    assert name("mlp") == f"model-mlp-mnist-b4-t1-{cache.fingerprint()}.json"  # the zoo's names as they were
+    assert name("nosuchmodule:f").startswith("model-nosuchmodule+f-mnist")  # building it says what is wrong
+
+
 def test_a_hardware_profile_timed_on_a_busy_machine_is_measured_again_and_not_kept(tmp_path, monkeypatch, capsys):
     from partrain.profile import cache
 

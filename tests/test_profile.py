@@ -337,6 +337,26 @@ def test_a_hardware_profile_taken_while_the_machine_was_busy_is_shown_not_cached
     assert len(list(tmp_path.glob("hardware-*.json"))) == 1  # the quiet one is kept
 
 
+@pytest.mark.parametrize("options", [["--max-mb", "0.01"], ["--threads", "2"]])
+def test_a_hardware_profile_measured_unlike_predict_does_not_take_its_place(tmp_path, monkeypatch, capsys, options):
+    """predict and recommend load this machine's cached entry as their own (1 thread a worker,
+    messages up to 64 MiB): one measured with 4 KiB messages had the mlp's 0.9 MB allreduce
+    extrapolated from them (a review found it kept under the same name)."""
+    import dataclasses
+
+    import partrain.profile.hardware as hardware
+    from partrain.profile.cache import local_hardware
+
+    quiet = dataclasses.replace(local_hardware(), other_load=0.0)
+    monkeypatch.setattr(hardware, "profile_hardware", lambda *a, **k: quiet)
+    assert main(["profile", "--hardware", "--workers", "2", *options, "--profile-dir", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert f"hardware profile: not cached (measured with {' '.join(options)}" in err
+    assert list(tmp_path.iterdir()) == []
+    assert main(["profile", "--hardware", "--workers", "2", "--max-mb", "256", "--profile-dir", str(tmp_path)]) == 0
+    assert len(list(tmp_path.glob("hardware-*.json"))) == 1  # larger messages than predict's: kept
+
+
 def test_a_failed_probe_is_told_by_its_exception_line():
     """Not the last line of a message that runs on, nor a list's repr (an audit: DDP's error
     came out as "['[rank0]:  In addition, you can set the environment variable ...']")."""

@@ -57,11 +57,20 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if hw is None:  # a launched worker other than rank 0
             return 0
         quiet = hw.other_load < BUSY_SHARE  # a contended profile is shown, never kept to spoil later predictions
-        path = hw.save(hardware_path(profile_dir(args.profile_dir), hw.nodes * hw.workers_per_node, hw.nodes)) if quiet else None
+        # this machine's entry is the one predict and recommend load as their own (``cache.hardware_for``),
+        # which they measure with 1 thread a worker and messages up to 64 MiB: measured otherwise, it is
+        # shown, not kept in their place (across nodes, the entry is this command's alone: bench's links)
+        unlike = [f"--{name} {value:g}" for name, value, ok in (
+            ("threads", args.threads or 1, (args.threads or 1) == 1), ("max-mb", args.max_mb, args.max_mb >= 64))
+            if not ok] if hw.nodes == 1 else []
+        keep = quiet and not unlike
+        path = hw.save(hardware_path(profile_dir(args.profile_dir), hw.nodes * hw.workers_per_node, hw.nodes)) if keep else None
         print(json.dumps(hw.to_dict()) if args.json else "", end="\n" if args.json else "")
         if not args.json:
             print_table(hardware_table(hw))
-        print(f"hardware profile: {path or 'not cached'}", file=sys.stderr)
+        why = (f" (measured with {' and '.join(unlike)}, where predict and recommend measure 1 thread per worker and "
+               "messages up to 64 MiB: kept, it would stand in for theirs)") if unlike and quiet else ""
+        print(f"hardware profile: {path or 'not cached'}{why}", file=sys.stderr)
         if hw.other_load >= 0.1:
             print(f"warning: other processes used {hw.other_load:.0%} of the CPU while the collectives were timed; "
                   f"they may read slow{'' if quiet else ', so it was not cached'}: profile again when the machine is quiet",

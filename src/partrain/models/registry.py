@@ -213,6 +213,24 @@ def load_factory(spec: str) -> Callable:
     return factory
 
 
+def source_digest(spec: str) -> str | None:
+    """A short hash of the file that holds user factory ``spec``'s module (None for the zoo, or a
+    module not found as a file): a profile cached for a model the user has since edited is not
+    the profile of the model that will train. Only that file: an edit in another module it
+    imports is not seen (``profile --refresh`` measures again)."""
+    if spec in _ZOO or ":" not in spec:
+        return None
+    import hashlib
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(spec.partition(":")[0])
+        origin = Path(found.origin) if found and found.origin else None
+        return hashlib.sha256(origin.read_bytes()).hexdigest()[:10] if origin and origin.is_file() else None
+    except (ImportError, ValueError, OSError):  # not importable: building the model says why, in one line
+        return None
+
+
 def _import(spec: str, module_name: str):
     """The user's module, imported; what goes wrong is one line that says whose fault it is:
     a module not found (spelling, PYTHONPATH), or the module's own code (a syntax error, an

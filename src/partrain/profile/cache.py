@@ -159,8 +159,13 @@ def hardware_for(workers: int, directory=None, refresh: bool = False,
 def profile_path(directory: Path, model: str, dataset: str, batch_sizes: list[int], threads: int,
                  synthetic: bool = False, options: dict | None = None, run: RunOptions = RunOptions()) -> Path:
     """The cache file of a profile: every part of the key is in the name (the device and
-    numerics only when they are not CPU, fp32, eager: such files kept their old names)."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
+    numerics only when they are not CPU, fp32, eager: such files kept their old names). A user
+    factory's name keeps its colon apart (``pkg.mod:build_x`` and ``pkg.mod_build:x`` were one
+    file) and adds a hash of its module's source (``models.registry.source_digest``)."""
+    from partrain.models.registry import source_digest
+
+    slug = re.sub(r"[^A-Za-z0-9_.+-]+", "_", model.replace(":", "+"))
+    slug += f"-src{digest}" if (digest := source_digest(model)) else ""
     extra = "".join(f"-{k}={v}" for k, v in sorted((options or {}).items()))
     data = f"{dataset}-synthetic" if synthetic else dataset
     sizes = "_".join(map(str, sorted(set(batch_sizes))))
