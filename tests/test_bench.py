@@ -8,6 +8,7 @@ steps); what takes the time is starting them (about 3 s each, 10 s with two work
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -156,6 +157,75 @@ def test_a_cell_past_its_timeout_is_killed_and_stored(tmp_path, data_dir):
         (row,) = store.rows()
     assert row["status"] == "timeout" and "1 s cell timeout" in row["reason"]
     assert row["wall_seconds"] < 60 and time.monotonic() - start < 120  # killed at 1 s, not at the default 600
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_timed_out_multi_worker_cell_leaves_nothing_in_tmpdir(tmp_path, data_dir, monkeypatch):
+    """Stopped at its timeout (SIGTERM, then SIGKILL), the cell's launcher still removes its
+    partrain-* folder, and none of its processes is left. About 20 s: the timeout must pass
+    the launcher's start, which makes that folder."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))  # the cell's processes inherit it
+    suite = suite_from_dict({"models": ["mlp"], "strategies": ["ddp"], "workers": [2], "threads": 1,
+                             "warmup_steps": 1, "steps": 20000, "timeout": 15}, "stopped")
+    with Store(tmp_path / "results.sqlite") as store:
+        run_suite(suite, store, data_dir=str(data_dir), show_progress=False)
+        (row,) = store.rows()
+    assert row["status"] == "timeout"
+    assert not list(tmp.glob("partrain-*"))
+    assert not _processes_with(str(tmp).encode())
+
+
+def _processes_with(text: bytes) -> list[int]:
+    """Other processes whose environment holds ``text``: a cell's, by the TMPDIR they inherited."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if text in environ.read_bytes() and int(environ.parent.name) != os.getpid():
+                found.append(int(environ.parent.name))
+        except OSError:  # exited meanwhile, or not ours to read
+            pass
+    return found
+
+
+@pytest.mark.parametrize("cells, status, words", [
+    ('models = ["mlp"]\nstrategies = ["serial"]\nworkers = [2]\n', 1, "(1 skipped)"),  # no process started
+    ('models = ["tests.bench_models:raises_in_forward"]\n', 1, "(1 failed)"),
+    ('models = ["tests.bench_models:raises_in_forward", "mlp"]\n', 0, ""),
+])
+def test_bench_exits_1_in_one_line_when_no_cell_is_measured(tmp_path, data_dir, in_repo, capsys, cells, status, words):
+    suite = tmp_path / "s.toml"
+    suite.write_text(f'name = "s"\n{cells}warmup_steps = 1\nsteps = 2\nlimit = 128\nthreads = 1\n')
+    assert main(["bench", str(suite), "--store", str(tmp_path / "s.sqlite"), "--data-dir", str(data_dir), "--quiet"]) == status
+    err = capsys.readouterr().err.strip()
+    if status:
+        assert err.startswith("partrain: no cell of suite s was measured") and words in err and "\n" not in err, err
+    else:
+        assert "no cell" not in err
+
+
+def test_results_table_into_a_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    from partrain.bench import table
+    from partrain.bench.store import Outcome
+    from partrain.bench.suite import Cell
+
+    store, out = tmp_path / "s.sqlite", tmp_path / "table.txt"
+    with Store(store) as s:
+        cell = Cell(model="mlp", dataset="mnist", strategy="serial", workers=2, batch_size=64, microbatches=None,
+                    lr=0.01, warmup_steps=1, steps=2)
+        s.record(cell, fingerprint(), Outcome("skipped", "strategy serial runs on one worker"), "t", None)
+    assert main(["results", "--store", str(store), "--output", str(out)]) == 0
+    good = out.read_text()
+    assert "serial runs on one worker" in good
+
+    def interrupted(*args):  # Ctrl-C while the table renders
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(table, "results_view", interrupted)
+    assert main(["results", "--store", str(store), "--output", str(out)]) == 130
+    assert out.read_text() == good and sorted(p.name for p in tmp_path.iterdir()) == ["s.sqlite", "table.txt"]
 
 
 def test_failure_reasons_name_the_cause():

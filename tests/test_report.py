@@ -9,6 +9,7 @@ import random
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from partrain.bench.store import Outcome, Store
 from partrain.bench.suite import Cell
 from partrain.cli import main
 from partrain.config import RunConfig
-from partrain.events import read_events
+from partrain.events import EventLog, read_events
 from partrain.predict.machine import fingerprint
 from partrain.predict.plan import profile_batch_sizes
 from partrain.profile.cache import profile_path
@@ -147,6 +148,41 @@ def test_trace_of_events_that_partrain_did_not_write_is_one_clear_error(tmp_path
     assert main(["trace", str(ev), "-o", str(tmp_path / "t.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and all(w in err.splitlines()[-1] for w in words), err
+    assert not (tmp_path / "t.json").exists()
+
+
+def _record_run(directory: Path, world: int, ranks: range | None = None, ago_s: float = 0.0) -> None:
+    """What a run of ``world`` ranks writes with --events (its ``ranks`` only, as when the
+    others stopped before writing), ``ago_s`` seconds ago: a 10 ms step each, all at once."""
+    logs = [EventLog(str(directory), rank) for rank in (ranks or range(world))]
+    for log in logs:
+        log.wall0 -= ago_s
+        log.record("step", log.t0, log.t0 + 0.01, step=0)
+    for log in logs:
+        log.write({"world_size": world} if log.rank == 0 else None)
+
+
+def test_events_of_an_earlier_run_with_more_ranks_are_removed_and_left_out(tmp_path):
+    ev = tmp_path / "ev"
+    _record_run(ev, 2)
+    stale = {p.name: p.read_text() for p in ev.glob("rank1.*")}
+    (ev / "notes.txt").write_text("mine")
+    _record_run(ev, 1)  # the same directory again, one rank: rank 0 removes rank 1's files, nothing else
+    assert sorted(p.name for p in ev.iterdir()) == ["notes.txt", "rank0.jsonl", "rank0.meta.json"]
+    for name, text in stale.items():  # as a partrain without the clean-up left them: the reader leaves them out
+        (ev / name).write_text(text)
+    assert {e["rank"] for e in read_events(ev)} == {0}
+    assert measured_timeline(ev).processes == ["rank 0"]
+
+
+def test_a_rank_that_another_run_left_is_refused_in_one_line(tmp_path, capsys):
+    ev = tmp_path / "ev"
+    _record_run(ev, 2, ago_s=3600)
+    assert measured_timeline(ev).processes == ["rank 0", "rank 1"]  # one run's ranks overlap in time
+    _record_run(ev, 2, ranks=range(1))  # this run's rank 1 wrote nothing: its file is the hour-old run's
+    assert main(["trace", str(ev), "--no-predicted", "-o", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "rank1.jsonl is another run's" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "t.json").exists()
 
 

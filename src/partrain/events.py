@@ -6,12 +6,17 @@ hot path. Beside it ``rank<R>.meta.json`` holds the wall-clock time of the log's
 ranks, and nodes with synchronized clocks, line up on one timeline) and, from rank 0, the
 run's configuration (so ``partrain trace`` can simulate the same plan). Off (the default), ``span`` returns one shared no-op context manager, so a
 disabled trace costs a method call per span (well under a microsecond).
+
+A directory used again holds the files of an earlier run whose ranks this run does not have:
+rank 0 removes them when it writes, the reader keeps only rank 0's run's ranks, and refuses a
+rank whose events do not overlap rank 0's in time (left by a run that stopped before writing).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import time
 from pathlib import Path
@@ -70,17 +75,76 @@ class EventLog:
         path = write_atomic(self.directory / f"rank{self.rank}.jsonl", lambda f: f.writelines(lines), text=True)
         info = {"rank": self.rank, "wall0": self.wall0, "host": socket.gethostname(), **(meta or {})}
         write_atomic(self.directory / f"rank{self.rank}.meta.json", json.dumps(info, default=str))
+        if self.rank == 0 and (ranks := _ranks_of(info)) is not None:
+            remove_stale(self.directory, ranks)
         return path
 
 
+# the names `write` gives a rank's files; nothing else in the directory is the event log's
+_FILE = re.compile(r"rank(\d+)\.(jsonl|meta\.json)")
+
+
+def _rank_of(path: Path) -> int | None:
+    match = _FILE.fullmatch(path.name)
+    return int(match.group(1)) if match else None
+
+
+def _ranks_of(meta: dict) -> int | None:
+    """How many ranks wrote events: the scratch engine's processes (its world counts threads
+    too), else the world size; None for meta from before either was recorded."""
+    ranks = meta.get("processes", meta.get("world_size"))
+    return ranks if isinstance(ranks, int) and not isinstance(ranks, bool) else None
+
+
+def remove_stale(directory: Path, ranks: int) -> None:
+    """Remove the event files of ranks ``ranks`` and above: an earlier run's, with more workers.
+    Done by rank 0 when it writes (it alone knows the run's world then); a run that fails
+    before writing leaves the directory as it was."""
+    for path in directory.iterdir():
+        rank = _rank_of(path)
+        if rank is not None and rank >= ranks and not path.is_dir():
+            path.unlink(missing_ok=True)
+
+
 def read_events(directory: str | Path) -> list[dict]:
-    """All ranks' events from a run's event directory, ordered by start time."""
-    events = []
-    for path in sorted(Path(directory).glob("rank*.jsonl")):  # not rank*.meta.json
+    """The events of rank 0's run from a run's event directory, ordered by start time.
+
+    Files of ranks beyond rank 0's recorded world are an earlier run's and are left out; a rank
+    within it whose events do not overlap rank 0's in time is refused in one line."""
+    directory, metas = Path(directory), read_meta(directory)
+    ranks = _ranks_of(metas.get(0, {}))
+    by_rank: dict[int | None, list[dict]] = {}  # None: a rank*.jsonl of another name, read as before
+    for path in sorted(directory.glob("rank*.jsonl")):  # not rank*.meta.json
+        rank = _rank_of(path)
+        if ranks is not None and rank is not None and rank >= ranks:
+            continue
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if line:
-                events.append(_record(path, line, _EVENT, f"line {number}"))
+                by_rank.setdefault(rank, []).append(_record(path, line, _EVENT, f"line {number}"))
+    _check_one_run(directory, by_rank, metas)
+    events = [e for records in by_rank.values() for e in records]
     return sorted(events, key=lambda e: (e["start"], e["rank"]))
+
+
+def _check_one_run(directory: Path, by_rank: dict[int | None, list[dict]], metas: dict[int, dict]) -> None:
+    """Every rank's span of wall-clock time (log start to last event end) overlaps rank 0's:
+    one run's ranks all live through its training, so a rank that does not is another run's.
+    Costs nothing more than the meta files; across nodes it trusts their clocks to agree
+    within a run's length."""
+    if 0 not in by_rank or "wall0" not in metas.get(0, {}):
+        return
+
+    def span(rank):
+        wall0 = metas[rank]["wall0"]
+        return wall0, wall0 + max(e["end"] for e in by_rank[rank])
+
+    start0, end0 = span(0)
+    for rank in sorted(r for r in by_rank if r and "wall0" in metas.get(r, {})):
+        start, end = span(rank)
+        if end < start0 or start > end0:
+            raise PartrainError(f"{directory / f'rank{rank}.jsonl'} is another run's (recorded "
+                                f"{time.ctime(start)}, rank 0's {time.ctime(start0)}): record the run again "
+                                "into an empty directory")
 
 
 def read_meta(directory: str | Path) -> dict[int, dict]:

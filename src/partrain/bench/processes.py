@@ -1,8 +1,10 @@
 """A benchmark cell's processes: started in their own session, watched under a timeout,
-killed as a group, and their failure told in one line.
+stopped as a group, and their failure told in one line.
 
 Each command runs in a new session (process group), so that on timeout the whole group (the
-launcher and its workers) is killed at once, and with ``PR_SET_PDEATHSIG`` set to SIGTERM, so
+launcher and its workers) is stopped at once: SIGTERM first, which ``partrain train`` turns
+into a clean stop (its launcher removes its ``partrain-*`` folder in $TMPDIR), then SIGKILL for
+what is left after ``STOP_GRACE_S``. Each runs with ``PR_SET_PDEATHSIG`` set to SIGTERM, so
 that if the runner itself is killed the launcher's elastic agent stops its workers (SIGKILL
 would kill the agent alone and leave its workers training on the cores the next cell
 measures on).
@@ -27,6 +29,10 @@ from functools import partial
 from partrain.distributed.spawn import child_env, die_with_parent
 
 POLL_S = 0.5  # how often a running cell is checked for exit and timeout, and the bar redrawn
+# How long a cell's launcher has, after SIGTERM, to stop its workers (SIGKILL, then join) and
+# remove its temporary folder: milliseconds, a second on a loaded machine. Past it the group is
+# SIGKILLed: a hung launcher costs an interrupted or timed-out cell at most this much.
+STOP_GRACE_S = 5.0
 _EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b.*")
 _TORCH_LOG_LINE = re.compile(r"^[EWI]\d{4} ")  # torch's C++/elastic log lines: E1122 22:56:32.163000 ...
 
@@ -39,7 +45,7 @@ def run_process(cmd: list[str], timeout: float, tick: Callable[[], None]) -> tup
 def run_processes(cmds: list[list[str]], timeout: float, tick: Callable[[], None],
                   env: dict[str, str] | None = None) -> tuple[str, str | None, dict | None]:
     """Run ``cmds`` side by side (one per emulated node), each in a new session; the first's
-    stdout holds the JSON result. When one fails the others are killed at once: they would
+    stdout holds the JSON result. When one fails the others are stopped at once: they would
     wait for it until their rendezvous timed out."""
     with ExitStack() as files:
         outs = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in cmds]
@@ -60,9 +66,8 @@ def run_processes(cmds: list[list[str]], timeout: float, tick: Callable[[], None
                 except subprocess.TimeoutExpired:
                     pass
         finally:
-            codes = [p.poll() for p in procs]  # before the kill: a node killed for another's failure did not fail
-            for proc in procs:
-                _kill_group(proc)  # on timeout the launchers and their workers; else any straggler
+            codes = [p.poll() for p in procs]  # before the stop: a node stopped for another's failure did not fail
+            _stop_groups(procs)  # on timeout the launchers and their workers; else any straggler
         stdout = _read(outs[0])
         failed = next((i for i, code in enumerate(codes) if code), None)
         stderr = _read(errs[failed]) if failed is not None else ""
@@ -82,12 +87,30 @@ def _read(file) -> str:
     return file.read()
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _stop_groups(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every group, give the launchers ``STOP_GRACE_S`` together to exit, SIGKILL the
+    rest. A launcher that exited already costs no wait; the SIGKILL comes even when a second
+    Ctrl-C cuts the grace short."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        for proc in procs:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        for proc in procs:
+            _signal_group(proc, signal.SIGKILL)  # workers the launcher left, anything that ignores SIGTERM
+            proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
     except ProcessLookupError:  # the group has already exited
         pass
-    proc.wait()
 
 
 def failure_reason(stderr: str, returncode: int) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from collections import Counter
 
 from partrain.commands.args import (
     STORE_HELP,
@@ -16,16 +18,23 @@ from partrain.outputs import check_file
 
 
 def print_rows(rows: list[dict], title: str, output: str | None = None) -> None:
-    """The results table on stdout (a terminal's width, else 200 columns) or into ``output``."""
+    """The results table on stdout (a terminal's width, else 200 columns) or into ``output``.
+
+    Into a file it is rendered in memory first (a few hundred bytes a row) and written whole:
+    an error or Ctrl-C while rendering leaves the file as it was, as the CSV and JSON exports do."""
+    import io
+
     from rich.console import Console
 
+    from partrain.atomic import write_atomic
     from partrain.bench.table import results_view
 
     if output is None:
         print_table(results_view(rows, title))
         return
-    with open(output, "w") as out:
-        Console(file=out, width=200).print(results_view(rows, title))
+    console = Console(file=io.StringIO(), width=200)
+    console.print(results_view(rows, title))
+    write_atomic(output, console.file.getvalue(), text=True)
 
 
 def add_bench_parser(sub) -> None:
@@ -80,7 +89,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         path = store.path
     if not args.quiet:
         print_rows(rows, f"suite {suite.name} ({path}); * = extrapolated epoch")
-    return 0
+    return _verdict(rows, suite.name, path)
+
+
+def _verdict(rows: list[dict], name: str, path) -> int:
+    """0 when a cell is measured (now or before); 1, said in one line, when none is (each one
+    failed, timed out or cannot run here): a script must not go on as if it had figures."""
+    if not rows or any(r["status"] == "ok" for r in rows):
+        return 0
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(Counter(r["status"] for r in rows).items()))
+    print(f"partrain: no cell of suite {name} was measured ({counts}); `partrain results --store {path} --suite {name}` "
+          "gives each one's reason", file=sys.stderr)
+    return 1
 
 
 def add_results_parser(sub) -> None:
