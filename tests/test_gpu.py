@@ -86,6 +86,18 @@ def test_fp16_steps_train_with_a_checkpointed_scaler(data_dir, tmp_path):
     assert len(resumed.step_losses) == 60
 
 
+def test_a_resume_draws_the_dropout_masks_the_run_would_have(data_dir, tmp_path):
+    # on a GPU dropout draws from the GPU's generator: the set saves it beside the CPU's (it did not)
+    kw = dict(model="tests.gallery:dropout", limit=64 * 10, steps=None)
+    straight = train(data_dir, epochs=2, **kw)
+    ckpt = tmp_path / "ckpt"
+    train(data_dir, epochs=1, checkpoint=str(ckpt), **kw)
+    saved = torch.load(ckpt / (ckpt / "LATEST").read_text() / "rank0.pt", weights_only=True)
+    assert saved["cuda_rng"].dtype == torch.uint8
+    resumed = train(data_dir, epochs=2, resume=str(ckpt), **kw)
+    assert resumed.step_losses == pytest.approx(straight.step_losses, rel=1e-5)
+
+
 @pytest.mark.parametrize("strategy", ["fsdp", "gpipe", "ddp"])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_low_precision_strategies_on_one_gpu_train(data_dir, strategy, precision):

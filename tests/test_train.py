@@ -77,6 +77,94 @@ def test_resume_refuses_another_pipeline_cut(data_dir, tmp_path):
         train(data_dir, steps=4, epochs=2, resume=str(ckpt), split_points=[2], **kw)
 
 
+def _saved(ckpt) -> list[dict]:
+    """Every rank's file of the newest set in ``ckpt``, rank 0 first."""
+    newest = ckpt / (ckpt / "LATEST").read_text()
+    return [torch.load(newest / f"rank{r}.pt", weights_only=True) for r in range(len(list(newest.glob("rank*.pt"))))]
+
+
+def test_recompute_counts_batchnorm_once_and_keeps_the_blocks_keys():
+    """checkpoint re-runs the block in backward, in training mode: BatchNorm's statistics
+    moved twice a micro-batch, and the wrapper's ``block.`` was in every key (an audit found both)."""
+    import copy
+
+    import torch.nn as nn
+
+    from partrain.strategies.pipeline import Recompute
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
+    wrapped = Recompute(copy.deepcopy(plain))
+    x = torch.randn(8, 1, 8, 8)
+    plain(x).sum().backward()
+    wrapped(x).sum().backward()
+    assert wrapped.block[1].num_batches_tracked.item() == 1
+    assert list(wrapped.state_dict()) == list(plain.state_dict())
+    for key, value in plain.state_dict().items():
+        assert torch.equal(wrapped.state_dict()[key], value), key
+    for p, q in zip(plain.parameters(), wrapped.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad)
+    plain.load_state_dict(wrapped.state_dict())  # and back: each loads the other's
+    wrapped.load_state_dict(plain.state_dict())
+
+
+BN_PIPE = dict(model="tests.gallery:batchnorm", strategy="gpipe", workers=2, microbatches=2, split_points=[2],
+               limit=256, batch_size=64, evaluate=False, threads=1, timeout_s=60)  # 4 steps an epoch
+
+
+@pytest.mark.multiproc
+def test_recompute_leaves_a_pipelines_batchnorm_statistics_as_without_it(data_dir, tmp_path):
+    plain, recomputed = tmp_path / "plain", tmp_path / "recomputed"
+    a = train(data_dir, steps=3, checkpoint=str(plain), **BN_PIPE)
+    b = train(data_dir, steps=3, checkpoint=str(recomputed), recompute=True, **BN_PIPE)
+    assert b.step_losses == pytest.approx(a.step_losses, rel=1e-6)
+    for mine, ref in zip(_saved(recomputed), _saved(plain), strict=True):  # a stage a rank
+        assert mine["model"].keys() == ref["model"].keys()
+        for key, value in ref["model"].items():
+            torch.testing.assert_close(mine["model"][key], value, rtol=1e-6, atol=1e-7, msg=key)
+    assert _saved(recomputed)[0]["model"]["0.blocks.0.1.num_batches_tracked"].item() == 3 * 2  # steps x micro-batches
+
+
+@pytest.mark.multiproc
+def test_resume_may_turn_recompute_on_or_off(data_dir, tmp_path, capsys):
+    kw = dict(BN_PIPE, epochs=2)
+    straight = train(data_dir, **kw)
+    for before in (False, True):
+        ckpt = tmp_path / f"recompute-{before}"
+        train(data_dir, steps=3, checkpoint=str(ckpt), recompute=before, **kw)
+        resumed = train(data_dir, resume=str(ckpt), recompute=not before, **kw)
+        assert resumed.step_losses == pytest.approx(straight.step_losses, rel=1e-6)
+        assert f"recompute {before} -> {not before}" in capsys.readouterr().err
+
+
+@pytest.mark.multiproc
+def test_fsdp_resumes_parameters_whose_rows_do_not_split_evenly(data_dir, tmp_path):
+    # FSDP2 cuts dim 0 as torch.chunk does: 255 rows on 2 workers are shards of 128 and 127
+    kw = dict(model="mlp", model_options=dict(hidden=[255, 127]), strategy="fsdp", workers=2, limit=256,
+              batch_size=64, evaluate=False, threads=1, timeout_s=60)
+    straight = train(data_dir, epochs=2, **kw)
+    ckpt = tmp_path / "ckpt"
+    train(data_dir, epochs=1, checkpoint=str(ckpt), **kw)
+    assert "momentum_buffer" in str(_saved(ckpt)[1]["optimizer"]["state"])  # sharded state to put back
+    resumed = train(data_dir, epochs=2, resume=str(ckpt), **kw)
+    assert resumed.step_losses == straight.step_losses
+
+
+def test_a_cpu_run_saves_no_gpu_generator_and_resumes_a_gpu_runs_set(data_dir, tmp_path):
+    """Dropout draws from the GPU's generator on a GPU (test_gpu.py resumes there); on the CPU
+    the set holds the CPU's alone, and a set that also holds a GPU's resumes on the CPU."""
+    kw = dict(model="tests.gallery:dropout", limit=640, batch_size=64, evaluate=False)
+    straight = train(data_dir, epochs=2, **kw)
+    ckpt = tmp_path / "ckpt"
+    train(data_dir, epochs=1, checkpoint=str(ckpt), **kw)
+    path = ckpt / (ckpt / "LATEST").read_text() / "rank0.pt"
+    state = torch.load(path, weights_only=True)
+    assert "rng" in state and "cuda_rng" not in state
+    torch.save({**state, "cuda_rng": torch.zeros(16, dtype=torch.uint8)}, path)  # as a GPU run would have
+    resumed = train(data_dir, epochs=2, resume=str(ckpt), **kw)
+    assert resumed.step_losses == straight.step_losses
+
+
 def test_cifar10_sample_lowers_its_loss(data_dir):
     r = train(data_dir, model="cnn", dataset="cifar10", epochs=2, batch_size=32, limit=1024, eval_limit=200)
     first, last = sum(r.step_losses[:8]) / 8, sum(r.step_losses[-8:]) / 8

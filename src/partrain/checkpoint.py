@@ -11,8 +11,9 @@ after a barrier, when every rank's file is whole, rank 0 writes ``meta.json`` an
 then switches ``LATEST`` (rename, atomic on POSIX) and removes the older sets. A kill at
 any moment therefore leaves ``LATEST`` naming a complete set: the previous one until the
 new one is whole. A worker's file holds the state of the modules it holds (a pipeline
-stage, a shard, or the whole model), its optimizer state and RNG state; sharded (DTensor)
-state is saved as the local shard and put back into the same sharding on load. Loading
+stage, a shard, or the whole model), its optimizer state and RNG state (the CPU's, and a
+GPU run's GPU's); sharded (DTensor) state is saved as the local shard and put back into
+the same sharding (uneven shards included) on load. Loading
 uses ``torch.load(weights_only=True)``: a checkpoint cannot run code.
 
 ``resume_config`` runs in the launcher, before any worker starts: it refuses a set that is
@@ -48,8 +49,9 @@ MUST_MATCH = ("model", "dataset", "model_options", "synthetic", "limit", "strate
 # a resume may change these, and is told so; the optimizer's are applied to its state. Precision,
 # channels-last and compile change how a step is computed, not what state there is: weights and
 # optimizer state are float32 in every precision (an fp16 run's gradient scaler state is kept in
-# the set and used when fp16 resumes), so a run that diverged in bf16 may go on in fp32.
-MAY_CHANGE = ("lr", "momentum", "weight_decay", "precision", "channels_last", "compile")
+# the set and used when fp16 resumes), so a run that diverged in bf16 may go on in fp32. So does
+# recompute: its wrapper adds nothing to the state (pipeline.Recompute keeps the blocks' keys).
+MAY_CHANGE = ("lr", "momentum", "weight_decay", "precision", "channels_last", "compile", "recompute")
 
 
 def _local(value):
@@ -90,6 +92,9 @@ def save(directory: str | Path, stepper: Stepper, rank: int, position: dict, met
         "position": position,
         "rng": torch.get_rng_state(),
     }
+    gpu = _run_gpu()
+    if gpu is not None:  # on a GPU, dropout's masks come from its generator, not the CPU's
+        state["cuda_rng"] = torch.cuda.get_rng_state(gpu)
     _write_atomic(step_dir / f"rank{rank}.pt", lambda f: torch.save(state, f))
     if dist.is_initialized():
         dist.barrier()  # every rank's file is whole before the pointer moves
@@ -202,6 +207,7 @@ def load(directory: str | Path, stepper: Stepper, rank: int, cfg: RunConfig) -> 
         stepper.optimizer.load_state_dict(state["optimizer"])
         stepper.amp.load_state_dict(state.get("scaler", {}))
         torch.set_rng_state(state["rng"])
+        _restore_gpu_rng(state.get("cuda_rng"))
         position = state["position"]
     except Exception as err:  # noqa: BLE001 - unreadable, a missing key, a wrong shape: the same problem to the user
         reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
@@ -216,6 +222,20 @@ def load(directory: str | Path, stepper: Stepper, rank: int, cfg: RunConfig) -> 
     return position
 
 
+def _run_gpu() -> int | None:
+    """The GPU this worker runs on (launch sets it current), or None for a CPU run: CUDA is
+    initialised only once a run puts something on a GPU."""
+    return torch.cuda.current_device() if torch.cuda.is_initialized() else None
+
+
+def _restore_gpu_rng(saved: torch.Tensor | None) -> None:
+    """Put back the GPU generator a GPU run saved. A checkpoint from before it was saved, or
+    from a CPU run, has none; a CPU run resuming a GPU run's set has no GPU generator to set."""
+    gpu = _run_gpu()
+    if saved is not None and gpu is not None:
+        torch.cuda.set_rng_state(saved, gpu)
+
+
 def _reshard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     """Put loaded local shards of optimizer state back into their parameter's sharding."""
     for param, slots in optimizer.state.items():
@@ -223,4 +243,8 @@ def _reshard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
             continue
         for name, value in slots.items():
             if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and value.shape == param.to_local().shape:
-                slots[name] = DTensor.from_local(value, param.device_mesh, param.placements, run_check=False)
+                # the parameter's global shape and stride, not from_local's guess: FSDP2 cuts dim 0 as
+                # torch.chunk does, so 255 rows on 2 workers are shards of 128 and 127, which from_local
+                # would take for a [254, ...] tensor (the optimizer's next step then fails on the shapes)
+                slots[name] = DTensor.from_local(value, param.device_mesh, param.placements, run_check=False,
+                                                 shape=param.shape, stride=param.stride())

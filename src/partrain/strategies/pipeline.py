@@ -29,6 +29,8 @@ pipelining's own tracer (``traced.py``).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -65,14 +67,57 @@ class Recompute(nn.Module):
     """Activation checkpointing of one block: keep its input, recompute inside backward.
 
     Costs one extra forward of the block per backward; saves its internal activations.
+    The recomputation leaves the block's buffers as the one forward left them (BatchNorm
+    counts each micro-batch once), and the wrapper adds no level to state_dict keys: a
+    checkpoint loads with or without ``--recompute``.
     """
 
     def __init__(self, block: nn.Module):
         super().__init__()
         self.block = block
+        self.register_state_dict_post_hook(_unwrapped_keys)
+        self.register_load_state_dict_pre_hook(_wrapped_keys)
 
     def forward(self, x):
-        return checkpoint(self.block, x, use_reentrant=False)
+        if torch.compiler.is_compiling():
+            # compiled, the recomputation is a traced graph that mutates no buffer (and dynamo
+            # takes no context_fn but selective checkpointing's)
+            return checkpoint(self.block, x, use_reentrant=False)
+        return checkpoint(self.block, x, use_reentrant=False, context_fn=self._contexts)
+
+    def _contexts(self):
+        # checkpoint restores the RNG state for the recomputation, not module buffers: without
+        # this, BatchNorm's running statistics and num_batches_tracked move twice per micro-batch
+        return contextlib.nullcontext(), _buffers_kept(self.block)
+
+
+@contextlib.contextmanager
+def _buffers_kept(module: nn.Module):
+    """Put ``module``'s buffers back as they were on entry. Costs a copy of the block's
+    buffers (BatchNorm's: 2 floats a channel and a count) per recomputed micro-batch, nothing
+    for a block without buffers."""
+    saved = [(b, b.detach().clone()) for b in module.buffers()]
+    try:
+        yield
+    finally:  # also when checkpoint stops the recomputation early (it raises to stop)
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
+
+
+_WRAPPED = "block."
+
+
+def _unwrapped_keys(module, state_dict, prefix, local_metadata) -> None:
+    """state_dict hook: ``<prefix>block.x`` -> ``<prefix>x``, the key the block has unwrapped."""
+    for key in [k for k in state_dict if k.startswith(prefix + _WRAPPED)]:
+        state_dict[prefix + key[len(prefix + _WRAPPED):]] = state_dict.pop(key)
+
+
+def _wrapped_keys(module, state_dict, prefix, *args) -> None:
+    """load_state_dict pre-hook: the inverse (every key under ``prefix`` is the block's)."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        state_dict[prefix + _WRAPPED + key[len(prefix):]] = state_dict.pop(key)
 
 
 class SpanStage:
