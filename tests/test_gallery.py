@@ -128,6 +128,44 @@ def test_batchnorm_statistics_per_replica_and_micro_batch(matrix):
         assert 1e-6 < diff <= 0.05, f"{strategy}: {diff:.2e}"  # different statistics, a small difference
 
 
+BN_REPLICAS = {  # two replicas whose buffers no wrapper communicates (DDP broadcasts rank 0's each forward)
+    "fsdp": STRATEGIES["fsdp"],
+    "hybrid-1x2": {**STRATEGIES["hybrid-1x2"], "microbatches": 1},  # one forward a step, as serial's
+    "local-sgd": STRATEGIES["local-sgd"],  # averaged after the step
+    "local-sgd-epoch": dict(strategy="local-sgd", workers=2, average_every="epoch"),  # averaged at the run's end
+}
+
+
+def _bn_run(folder, **strategy) -> tuple[RunConfig, object]:
+    from partrain.runner import run_training
+
+    cfg = RunConfig(model="tests.gallery:batchnorm", steps=1, batch_size=32, momentum=0.0, eval_limit=64, threads=1,
+                    timeout_s=60, checkpoint=str(folder / "ckpt"), save_model=str(folder / "model.pt"), **IMAGE, **strategy)
+    return cfg, run_training(cfg, show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def bn_serial(tmp_path_factory) -> dict:
+    cfg, _ = _bn_run(tmp_path_factory.mktemp("bn_serial"), **STRATEGIES["serial"])
+    return torch.load(cfg.save_model, weights_only=True)["state_dict"]
+
+
+@pytest.mark.parametrize("strategy", list(BN_REPLICAS))
+def test_batchnorm_buffers_are_averaged_over_the_replicas_and_scored_as_one_model(tmp_path, bn_serial, strategy):
+    from tests.test_multiproc import assert_one_model, rank_states, score_saved_model
+
+    cfg, result = _bn_run(tmp_path, **BN_REPLICAS[strategy])
+    # each replica kept its own running statistics, before (fsdp's files hold parameter shards: buffers only)
+    assert_one_model(rank_states(tmp_path / "ckpt"), only=("running_", "num_batches_tracked"))
+    # one step from the same weights: each replica's running mean is a tenth of its half batch's channel
+    # means, so their mean is a tenth of the whole batch's, as serial's is (an unbiased variance per half is not)
+    mine = torch.load(cfg.save_model, weights_only=True)["state_dict"]
+    torch.testing.assert_close(mine["0.1.running_mean"], bn_serial["0.1.running_mean"], rtol=1e-5, atol=1e-7)
+    loss, accuracy = score_saved_model(cfg)  # evaluation scored every row with that one model
+    assert result.epochs[-1].test_loss == pytest.approx(loss, rel=1e-6)
+    assert result.epochs[-1].test_accuracy == accuracy
+
+
 def test_dropout_differs_by_its_noise_only(matrix):
     serial = _losses(matrix, "dropout", "serial")
     for strategy in SYNCHRONOUS:

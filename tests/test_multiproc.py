@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from partrain.config import RunConfig
 from partrain.distributed.launch import free_port
@@ -162,3 +163,67 @@ def test_events_trace_micro_batches_and_allreduce(data_dir, tmp_path):
     allreduces = [e for e in read_events(tmp_path / "dp") if e["name"] == "allreduce"]
     # every step, each rank allreduces all 235,146 float32 gradients, in one bucket or several
     assert sum(e["bytes"] for e in allreduces) == 3 * 2 * 235_146 * 4
+
+
+def rank_states(ckpt: Path) -> list[dict]:
+    """Each rank's model state in the newest set of checkpoint ``ckpt``, rank 0 first."""
+    newest = ckpt / (ckpt / "LATEST").read_text()
+    return [torch.load(newest / f"rank{r}.pt", weights_only=True)["model"] for r in range(len(list(newest.glob("rank*.pt"))))]
+
+
+def assert_one_model(states: list[dict], only: tuple[str, ...] = ("",)) -> None:
+    """Every rank's entries whose key holds one of ``only`` (all, by default: parameters and
+    buffers, integers such as num_batches_tracked too) are equal."""
+    first, *others = states
+    for other in others:
+        assert other.keys() == first.keys()
+        for key, value in first.items():
+            if any(part in key for part in only):
+                assert torch.equal(other[key], value), f"{key} differs between the replicas"
+
+
+def score_saved_model(cfg: RunConfig) -> tuple[float, float]:
+    """Test loss and accuracy of ``cfg.save_model``'s file, scored here by that one model on
+    the run's test rows: what the run's own evaluation must report if it scored one model."""
+    from partrain.data import load_dataset
+    from partrain.data.feed import Feed
+    from partrain.events import EventLog
+    from partrain.model_file import load
+    from partrain.strategies import Stepper
+    from partrain.train import evaluate
+
+    net = load(cfg.save_model).build()
+    test = load_dataset(cfg.dataset, "test", limit=cfg.eval_limit, data_dir=cfg.data_dir, synthetic=cfg.synthetic, seed=cfg.seed)
+    stepper = Stepper(net, torch.optim.SGD(net.parameters()), slice(None), EventLog(None, 0))
+    return evaluate(stepper, Feed(test, torch.device("cpu")), cfg.batch_size, torch.device("cpu"))
+
+
+LOCAL_SGD = dict(model="mlp", strategy="local-sgd", workers=2, batch_size=64, threads=1, timeout_s=60)
+
+
+@pytest.mark.parametrize("limit", [256, 320])  # 4 steps an epoch: a checkpoint on an averaging step; 5: off one
+def test_resume_of_local_sgd_averages_at_the_straight_runs_steps(data_dir, tmp_path, limit):
+    # K=3 averages after steps 1, 4, 7, ...: the averager counted from 0 again on resume, averaging
+    # after steps 5 and 8 instead (losses of steps 6-8 differed, an audit found). Without an evaluation
+    # the straight run writes no checkpoint: its epoch's end averages all the same
+    kw = dict(LOCAL_SGD, average_every=3, limit=limit, evaluate=False, data_dir=str(data_dir))
+    straight = run_training(RunConfig(epochs=2, **kw), show_progress=False)
+    ckpt = tmp_path / "ckpt"
+    run_training(RunConfig(epochs=1, checkpoint=str(ckpt), **kw), show_progress=False)
+    resumed = run_training(RunConfig(epochs=2, resume=str(ckpt), **kw), show_progress=False)
+    assert len(resumed.step_losses) == 2 * limit // 64
+    assert resumed.step_losses == straight.step_losses
+
+
+@pytest.mark.parametrize("every,steps", [("epoch", 3), (3, 2)])  # never averaged; the last step not an averaging one
+def test_local_sgd_ending_between_averagings_evaluates_checkpoints_and_saves_one_model(data_dir, tmp_path, every, steps):
+    cfg = RunConfig(**LOCAL_SGD, average_every=every, steps=steps, limit=640, eval_limit=256, data_dir=str(data_dir),
+                    checkpoint=str(tmp_path / "ckpt"), save_model=str(tmp_path / "model.pt"))
+    result = run_training(cfg, show_progress=False)
+    replicas = rank_states(tmp_path / "ckpt")
+    assert_one_model(replicas)  # each replica's own weights, before: they differed from step 2 on
+    saved = torch.load(cfg.save_model, weights_only=True)["state_dict"]
+    assert_one_model([saved, replicas[0]])
+    loss, accuracy = score_saved_model(cfg)  # each rank scored its rows with its own replica, before
+    assert result.epochs[-1].test_loss == pytest.approx(loss, rel=1e-6)
+    assert result.epochs[-1].test_accuracy == accuracy

@@ -192,6 +192,7 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
     if cfg.resume:  # the launcher has checked the set against this run (checkpoint.resume_config)
         pos = checkpoint.load(cfg.resume, stepper, ctx.rank, cfg)
         start_epoch, start_step, done = pos["epoch"], pos["step"], pos["global_step"]
+        stepper.resumed_at(done)
         result.step_losses = list(pos["step_losses"])
         result.epochs = [EpochResult(**e) for e in pos["epochs"]]
         if done >= total_steps and ctx.rank == 0:  # the summary below is the checkpoint's, not a new run's
@@ -212,6 +213,9 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
             finished = last == steps_per_epoch
             if finished:
                 stepper.end_epoch()
+            # every epoch's end, and the run's end mid-epoch: what is evaluated, checkpointed and
+            # saved below is one model, whether or not this run evaluates or checkpoints
+            stepper.sync_replicas()
             seconds = time.perf_counter() - epoch_start
 
             # --- once an epoch: reduce the losses, evaluate, checkpoint

@@ -77,6 +77,7 @@ class Stepper:
     loads_data = True  # does this worker need the batch (False for middle pipeline stages)
     autocasts_itself = False  # FSDP's precision policy or pipeline stages cast; the stepper does not
     lockstep_scaler = True  # fp16: workers hold different gradients, so they skip overflowed steps together
+    replica_group = None  # data-parallel group whose buffers no wrapper keeps equal (fsdp, hybrid dp > 1)
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, rows: slice, events: EventLog):
         self.module = module  # the (possibly wrapped) module this worker runs
@@ -121,6 +122,27 @@ class Stepper:
     def end_epoch(self) -> None:
         """Hook at the end of each epoch (local SGD may average here)."""
 
+    def sync_replicas(self) -> None:
+        """Hook at every epoch's end and at a run's end mid-epoch, before the model is evaluated,
+        checkpointed or saved: make the data-parallel replicas one model (local SGD averages its
+        replicas here when the last step did not).
+
+        Here: average the floating-point buffers over ``replica_group`` where one is set.
+        ``fully_shard`` keeps parameters equal but never communicates buffers, so each replica's
+        BatchNorm running statistics saw only its own rows. Their mean is the statistic over
+        every replica's rows (the running mean is the one serial would hold for the same
+        inputs), where rank 0's, as DDP broadcasts it, would drop the others' rows. Costs one
+        allreduce of the buffers (kilobytes for BatchNorm's per-channel vectors) an epoch,
+        nothing per step; training's losses are unchanged (BatchNorm normalises a training
+        batch by its own statistics, and only evaluation reads the running ones).
+        """
+        if self.replica_group is not None:
+            average_buffers(self.module, self.replica_group)
+
+    def resumed_at(self, global_step: int) -> None:
+        """Hook once a checkpoint's state is loaded, before the resumed run's first step
+        (``global_step`` steps are behind it)."""
+
     def eval_logits(self, x, y) -> torch.Tensor | None:
         """Logits of this worker's rows in eval mode; None where no logits live (early pipeline stages)."""
         self.module.eval()
@@ -136,6 +158,26 @@ class Stepper:
     def state_modules(self) -> nn.Module:
         """The module whose state a checkpoint holds on this worker."""
         return self.module
+
+
+@torch.no_grad()
+def average_buffers(module: nn.Module, group: dist.ProcessGroup | None) -> None:
+    """Average ``module``'s floating-point buffers over ``group``: one allreduce per dtype.
+
+    Integer buffers (BatchNorm's ``num_batches_tracked``) are left alone: every replica
+    counts the same forwards, so they are equal already.
+    """
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for buf in module.buffers():
+        if buf.is_floating_point():
+            by_dtype.setdefault(buf.dtype, []).append(buf)
+    size = dist.get_world_size(group)
+    for bufs in by_dtype.values():
+        flat = torch.cat([b.reshape(-1) for b in bufs])
+        dist.all_reduce(flat, group=group)
+        flat /= size
+        for buf, mean in zip(bufs, flat.split([b.numel() for b in bufs]), strict=True):
+            buf.copy_(mean.view_as(buf))
 
 
 def all_reduce_sum(t: torch.Tensor, device: torch.device) -> torch.Tensor:

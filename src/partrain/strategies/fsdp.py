@@ -57,6 +57,8 @@ def parallelize_fsdp(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, 
     rows = shard_rows(cfg.batch_size, ctx.dims.dp, ctx.dp_rank)
     stepper = Stepper(model, make_optimizer(model.parameters(), cfg), rows, ctx.events)
     stepper.autocasts_itself = policy is not None
+    # fully_shard never communicates buffers: the replicas' are averaged before evaluation (Stepper.sync_replicas)
+    stepper.replica_group = ctx.group("dp") if ctx.dims.dp > 1 else None
     return stepper
 
 

@@ -50,6 +50,15 @@ def share_weights(model: nn.Module, ctx: DistContext) -> None:
         offset += t.numel()
 
 
+class HogwildStepper(Stepper):
+    def resumed_at(self, global_step: int) -> None:
+        # every rank's checkpoint.load copies the set's weights into the one shared copy: a rank
+        # that stepped before a slower rank's copy had its updates overwritten by the checkpoint.
+        # One barrier, once a resume
+        if dist.is_initialized():
+            dist.barrier()
+
+
 def parallelize_hogwild(model: nn.Module, blocks: list[nn.Module], cfg: RunConfig, ctx: DistContext, sample) -> Stepper:
     if ctx.device.type != "cpu":
         raise PartrainError("hogwild shares weights in host memory: run it with --backend gloo")
@@ -60,4 +69,4 @@ def parallelize_hogwild(model: nn.Module, blocks: list[nn.Module], cfg: RunConfi
     if ctx.world_size > 1:
         share_weights(model, ctx)
     rows = shard_rows(cfg.batch_size, ctx.world_size, ctx.rank)
-    return Stepper(model, make_optimizer(model.parameters(), cfg), rows, ctx.events)
+    return HogwildStepper(model, make_optimizer(model.parameters(), cfg), rows, ctx.events)

@@ -286,6 +286,8 @@ def parallelize_pipeline(
                                   group=pp_group, events=ctx.events, autocast=autocast))
     stepper = build_stepper(stages, modules, cfg, ctx)
     stepper.partition, stepper.cut_blocks, stepper.tied = part, blocks, tied
+    # hybrid: fully_shard never communicates buffers: averaged over the stage's replicas (Stepper.sync_replicas)
+    stepper.replica_group = ctx.group("dp") if ctx.dims.dp > 1 else None
     return stepper
 
 
