@@ -310,3 +310,20 @@ def test_a_launched_worker_whose_peer_left_says_so_in_one_line():
     # partrain's own workers: spawn names the worker that failed first, and a peer's traceback stays its own
     assert left_behind(gone, LaunchInfo("local", rank=1, world_size=2, local_rank=1, local_world_size=2)) is None
     assert left_behind(RuntimeError("a bug"), LaunchInfo("torchrun", rank=0, world_size=2, local_rank=0, local_world_size=2)) is None
+
+
+def test_each_worker_draws_its_own_dropout_masks_after_the_shared_initial_weights():
+    """Every worker seeds alike to build the same initial weights; then each draws from a stream
+    of its own (a review: row j of every data-parallel replica's share got the same mask), none
+    of them the initial weights' stream started again."""
+    from partrain.train import worker_seed
+
+    def masks(seed: int) -> torch.Tensor:
+        torch.manual_seed(seed)
+        return torch.nn.functional.dropout(torch.ones(64), 0.5)
+
+    drawn = [masks(worker_seed(0, rank)) for rank in range(4)] + [masks(0)]
+    assert len({tuple(m.tolist()) for m in drawn}) == 5
+    assert worker_seed(0, 1) == worker_seed(0, 1) != worker_seed(1, 1)  # reproducible, and moved by --seed
+    assert 0 <= worker_seed(2**62, 3) < 2**63
+

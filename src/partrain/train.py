@@ -152,6 +152,12 @@ def train_worker(cfg: RunConfig, info: LaunchInfo, show_progress: bool = True,
         leave_process_group()
 
 
+def worker_seed(seed: int, rank: int) -> int:
+    """The seed of worker ``rank``'s random numbers after the model is built: its own, and none
+    a restart of the initial weights' stream (``seed`` itself) on any worker."""
+    return ((seed + 1) * 1_000_003 + rank) % 2**63
+
+
 def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, on_epoch: EpochHook | None = None) -> RunResult:
     # --- data: every worker reads the same files; each loads only its rows of a batch
     data = dict(data_dir=cfg.data_dir, synthetic=cfg.synthetic, seed=cfg.seed)
@@ -174,6 +180,9 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
     blocks = model_blocks(model)
     sample = train_set.get(torch.arange(min(cfg.batch_size, len(train_set))))[0]
     stepper = PARALLELIZE[cfg.strategy](model, blocks, cfg, ctx, sample)
+    # from here each worker draws its own random numbers (dropout's masks for its rows): with the
+    # seed above on every worker, row j of every replica's share got the same mask
+    torch.manual_seed(worker_seed(cfg.seed, ctx.rank))
     stepper.amp = amp_for(cfg, ctx.device, stepper.autocasts_itself, stepper.lockstep_scaler)
     if cfg.compile:  # after wrapping, per stage for pipelines; the first steps pay for the compilation
         stepper.compile()
