@@ -253,6 +253,82 @@ def test_a_resumed_sweep_with_another_space_is_refused(tmp_path, data_dir, capsy
     assert "resume it with the same --space" in capsys.readouterr().err
 
 
+def test_a_resumed_sweep_with_other_fixed_options_is_refused_naming_them(tmp_path, data_dir, capsys):
+    """Trials run with another --limit, --optimizer or --seed were pooled and ranked together."""
+    argv = _sweep(tmp_path, data_dir, "--trials", "2", "--sampler", "grid", "--space", "lr=0.01,0.1")
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main([*argv, "--limit", "512", "--optimizer", "adam", "--seed", "7"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("partrain: error:") and len(err.splitlines()) == 1
+    assert ("ran its trials with --limit 256, --optimizer sgd, --seed 0, not --limit 512, --optimizer adam, --seed 7: "
+            "resume it with the stored options, or name a new --study") in err
+    assert main([*argv, "--no-eval", "--hidden", "32"]) == 2
+    assert "ran its trials with no --no-eval, no --hidden, not --no-eval, --hidden 32" in capsys.readouterr().err
+    # what changes no trial's result may change: the threads, and --lr when lr is searched
+    assert main([*argv, "--threads", "2", "--lr", "0.5"]) == 0
+
+
+def test_reproduce_prints_the_command_the_best_trial_ran_not_one_from_this_run(tmp_path, data_dir, capsys):
+    import json
+
+    argv = _sweep(tmp_path, data_dir, "--trials", "1", "--sampler", "grid", "--space", "lr=0.01,0.1", "--threads", "1")
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main([*argv, "--threads", "2", "--json", "--quiet"]) == 0  # a resume on another machine, say
+    command = json.loads(capsys.readouterr().out)["best"]["command"]
+    study = optuna.load_study(study_name="partrain-sweep", storage=storage_url(str(tmp_path / "sweep.db"), "x"))
+    assert command == study.trials[0].user_attrs["command"]
+    assert "--threads 1" in command and "--limit 256" in command
+
+
+def test_a_study_made_before_the_fixed_options_were_stored_resumes_and_stores_them(tmp_path, data_dir, capsys):
+    import sqlite3
+
+    argv = _sweep(tmp_path, data_dir, "--trials", "1", "--sampler", "grid", "--space", "lr=0.01,0.1")
+    assert main(argv) == 0
+    with sqlite3.connect(tmp_path / "sweep.db") as db:  # as a study of the earlier partrain has it
+        db.execute("DELETE FROM study_user_attributes WHERE key = 'partrain_fixed'")
+    assert main([*argv, "--trials", "2", "--seed", "3"]) == 0
+    study = optuna.load_study(study_name="partrain-sweep", storage=storage_url(str(tmp_path / "sweep.db"), "x"))
+    assert study.user_attrs["partrain_fixed"]["seed"] == 3  # checked from now on
+    capsys.readouterr()
+    assert main([*argv, "--trials", "2"]) == 2
+    assert "--seed 3, not --seed 0" in capsys.readouterr().err
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+def test_an_interrupted_sweep_of_ddp_trials_leaves_nothing_in_tmpdir_and_exits_130(tmp_path, data_dir, how):
+    """The slots were SIGKILLed, so each running trial's spawn left its partrain-* folder."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    argv = [sys.executable, "-m", "partrain", *_sweep(tmp_path, data_dir, "--trials", "2", "--workers", "4",
+            "--per-trial", "2", "--sampler", "grid", "--no-prune", "--space", "lr=0.01,0.1", "--epochs", "3",
+            "--limit", "12800", "--threads", "1", "--quiet")]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "TMPDIR": str(tmp)}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while len(list(tmp.glob("partrain-*"))) < 2:  # both slots' trials are starting their workers
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the two trials never started"
+            time.sleep(0.2)
+        time.sleep(1.0)  # past the workers' start: the trials run
+        if how == "sigterm":
+            proc.send_signal(signal.SIGTERM)  # the sweep only
+        else:
+            os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: the whole foreground group
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "partrain: interrupted"
+    assert not list(tmp.glob("partrain-*"))
+
+
 @pytest.mark.multiproc
 def test_a_killed_sweep_resumes_reruns_the_interrupted_and_counts_nothing_twice(tmp_path, data_dir):
     """SIGKILL the sweep while trials run; run it again: exactly N complete, each drawn set once."""

@@ -13,6 +13,10 @@ from partrain.config import RunConfig
 from partrain.errors import PartrainError
 from partrain.outputs import check_file
 
+# how long an interrupted sweep waits for its slots to stop their trials' workers and remove
+# their temporary folders (a slot's spawn waits on its workers after SIGKILLing them) before killing them
+STOP_GRACE_S = 5.0
+
 
 def _ints(text: str) -> list[int]:
     try:
@@ -148,16 +152,33 @@ def run(args) -> int:
                 proc.start()
             for proc in procs:
                 proc.join()
-        except BaseException:  # Ctrl-C or SIGTERM: stop the slots now (exit would wait for them); their
-            for proc in procs:  # trials stay RUNNING and the next run reclaims them
-                proc.kill()
-            for proc in procs:
-                proc.join()
+        except BaseException:  # Ctrl-C or SIGTERM: stop the slots now (exit would wait for them);
+            _stop_slots(procs)  # their trials are marked failed or stay RUNNING, and the next run reclaims them
             raise
         if bad := [p.exitcode for p in procs if p.exitcode]:
             raise PartrainError(f"{len(bad)} sweep slot(s) failed (exit {bad[0]}); the study keeps what finished: run "
                                 "the same command again to resume")
     return _report(args, settings, open_study(settings), time.perf_counter() - start)
+
+
+def _stop_slots(procs, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM each slot, which ends its trial as Ctrl-C does: its workers stopped and their
+    ``partrain-*`` folder in $TMPDIR removed (a SIGKILL leaves one per running trial). Wait
+    ``grace_s`` for them in all, then kill those still running."""
+    started = [p for p in procs if p.pid is not None]  # a Ctrl-C may come before the last one started
+    for proc in started:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + grace_s
+    try:
+        for proc in started:
+            proc.join(max(0.0, deadline - time.monotonic()))
+    finally:  # even when a second Ctrl-C cuts the wait short
+        for proc in started:
+            if proc.is_alive():
+                proc.kill()
+        for proc in started:
+            proc.join()
 
 
 def _with_slot(settings, i: int):
@@ -178,14 +199,14 @@ def _report(args, settings, study, seconds: float) -> int:
     if args.json:
         print(json.dumps({"study": args.study, "storage": settings.storage, "seconds": seconds, "trials": rows,
                           "best": {"number": top[0].number, "accuracy": top[0].value, "params": top[0].params,
-                                   "command": top[2]} if top else None, "plot": str(png) if png else None}, default=str))
+                                   "command": top[1]} if top else None, "plot": str(png) if png else None}, default=str))
         return _verdict(rows)
     Console(width=None if sys.stdout.isatty() else 200).print(trials_table(rows, settings.dims, title))
     verdicts = {s: sum(r["state"] == s for r in rows) for s in ("COMPLETE", "PRUNED", "FAIL")}
     print(f"{verdicts['COMPLETE']} complete, {verdicts['PRUNED']} pruned, {verdicts['FAIL']} failed or interrupted; "
           f"{seconds:.1f} s this run")
     if top:
-        trial, _, command = top
+        trial, command = top
         params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
         print(f"best: trial {trial.number}, test accuracy {trial.value:.2%} with {params}\nreproduce it:\n  {command}")
     if png:

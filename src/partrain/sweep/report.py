@@ -49,14 +49,18 @@ def trials_table(rows: list[dict], dims: list[Dimension], title: str):
     return table
 
 
-def best(study, base: RunConfig) -> tuple[object, RunConfig, str] | None:
-    """The best complete trial, its RunConfig and the ``partrain train`` command that reproduces it."""
+def best(study, base: RunConfig) -> tuple[object, str] | None:
+    """The best complete trial and the ``partrain train`` command that reproduces it: the one
+    the trial stored as it ran, not one rebuilt from this run's options."""
     complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
     if not complete:
         return None
     top = max(complete, key=lambda t: (t.value, -t.number))
-    cfg = trial_config(base, top.params)  # threads kept: another count sums in another order, and drifts
-    return top, cfg, train_command(cfg)
+    if "command" in top.user_attrs:
+        return top, top.user_attrs["command"]
+    # a trial of a study made before trials stored their command: rebuilt from this run's
+    # options, the best guess there is (threads kept: another count sums in another order)
+    return top, train_command(trial_config(base, top.params))
 
 
 def plot(rows: list[dict], dims: list[Dimension], path: str | Path, title: str) -> Path:

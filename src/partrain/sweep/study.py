@@ -20,14 +20,15 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import time
 import warnings
 from dataclasses import dataclass
 
-from partrain.config import RunConfig
+from partrain.config import RunConfig, flag_of
 from partrain.distributed.spawn import die_with_parent
 from partrain.errors import PartrainError
-from partrain.sweep.space import Dimension, trial_config
+from partrain.sweep.space import Dimension, train_command, trial_config
 
 HEARTBEAT_S = 10  # each running trial writes a heartbeat this often (one small UPDATE)
 GRACE_S = 30  # a trial of another host whose heartbeat is older than this is stale
@@ -145,8 +146,46 @@ def _space_key(settings: SweepSettings) -> str:
     return ";".join(f"{d.name}={d.spec()}" for d in settings.dims) + f"|{settings.base.model}/{settings.base.dataset}"
 
 
+# what a resume may change: where the data is, the threads of each worker (a study shared by
+# machines of other core counts), and the machinery around a run. Everything else in the base
+# config changes what a trial computes. The slots side by side (--workers) are not in it at all.
+NOT_FIXED = frozenset({"data_dir", "threads", "timeout_s", "checkpoint", "resume", "events", "save_model"})
+# flags for the names fixed_options gives that are no flag of `partrain train` or name it otherwise
+_FLAGS = {"hidden": "--hidden", "activation": "--activation", "workers": "--per-trial", "evaluate": "--no-eval"}
+
+
+def fixed_options(base: RunConfig, dims: list[Dimension]) -> dict:
+    """The base config's values that fix a trial's result besides its searched ones, JSON-ready
+    (as the study stores them): model options flattened in, the searched ones left out (each
+    trial has its own), and the strategy left out (--per-trial, as ``workers``, decides it)."""
+    import json
+
+    values = {k: v for k, v in base.to_dict().items() if k not in NOT_FIXED | {"strategy"}}
+    values.update(values.pop("model_options"))
+    searched = {d.name for d in dims}
+    for name in searched & set(values):
+        del values[name]
+    if {"width", "depth"} <= searched:  # both searched: the trial's own hidden widths replace --hidden
+        values.pop("hidden", None)
+    return json.loads(json.dumps(values))  # tuples as lists, as they come back from the storage
+
+
+def _show(name: str, value) -> str:
+    """One stored or given option as its flag says it: ``--limit 512``, ``no --hidden``."""
+    flag = _FLAGS.get(name) or flag_of(name)
+    if name == "evaluate":
+        value = not value  # the flag is --no-eval
+    if value is None or value is False:
+        return f"no {flag}"
+    if value is True:
+        return flag
+    return f"{flag} {','.join(map(str, value)) if isinstance(value, list) else value}"
+
+
 def _check_same_sweep(study, settings: SweepSettings) -> None:
-    """A study resumed with another space or model would mix incomparable trials: refuse."""
+    """A study resumed with another space, model or fixed option would pool incomparable
+    trials (counted toward --trials and ranked together): refuse. A study made before the
+    fixed options were stored takes this run's from now on."""
     key = _space_key(settings)
     saved = study.user_attrs.get("partrain_space")
     if saved is None:
@@ -154,6 +193,20 @@ def _check_same_sweep(study, settings: SweepSettings) -> None:
     elif saved != key:
         raise PartrainError(f"study {settings.study!r} in {settings.storage} searches {saved}, not {key}: "
                             "resume it with the same --space, --model and --dataset, or name a new --study")
+    given = fixed_options(settings.base, settings.dims)
+    stored = study.user_attrs.get("partrain_fixed")
+    if stored is None:
+        study.set_user_attr("partrain_fixed", given)
+        return
+    # a name one side lacks (a RunConfig field added since, a model option not given) is its default
+    default = fixed_options(RunConfig(), settings.dims)
+    names = sorted(stored.keys() | given.keys())
+    was, now = ([side.get(k, default.get(k)) for k in names] for side in (stored, given))
+    if differ := [i for i, name in enumerate(names) if was[i] != now[i]]:
+        was = ", ".join(_show(names[i], was[i]) for i in differ)
+        now = ", ".join(_show(names[i], now[i]) for i in differ)
+        raise PartrainError(f"study {settings.study!r} in {settings.storage} ran its trials with {was}, not {now}: "
+                            "resume it with the stored options, or name a new --study")
 
 
 def grid_points(settings: SweepSettings) -> list[dict]:
@@ -323,6 +376,8 @@ def objective(settings: SweepSettings, study):
             raise Surplus()
         try:
             cfg = trial_config(settings.base, params)
+            # the command this trial runs, kept with it: "reproduce it" prints the best trial's own
+            trial.set_user_attr("command", train_command(cfg))
             start = time.perf_counter()
             result = run_training(cfg, show_progress=False, on_epoch=EpochReporter(settings, trial._trial_id, trial, cfg.epochs))
         except PartrainError as err:
@@ -346,6 +401,8 @@ def run_slot(settings: SweepSettings) -> int:
     study = open_study(settings)
     ran = 0
     while True:
+        if _stopping:  # told to stop, and the KeyboardInterrupt was lost (raised where it is ignored)
+            raise KeyboardInterrupt
         reclaim_interrupted(study)
         done, running = counts(study)
         if done >= settings.trials:
@@ -365,12 +422,37 @@ def run_slot(settings: SweepSettings) -> int:
         ran += 1
 
 
+_stopping = False
+
+
+def _interrupt(signum, frame):
+    """A slot's first SIGTERM or Ctrl-C ends its trial as Ctrl-C ends `partrain train`; any
+    later one is ignored, or it would cut short the cleanup the first started (a Ctrl-C at the
+    terminal reaches the slot, and then the sweep's SIGTERM does too). A flag, not SIG_IGN:
+    spawn puts back the SIGINT handler it found once its workers have started."""
+    global _stopping
+    if _stopping:
+        return
+    _stopping = True
+    raise KeyboardInterrupt
+
+
 def slot_main(settings: SweepSettings) -> int:
     """Entry point of a spawned slot: die with the sweep that started it (Linux), so a killed
-    sweep leaves no slot behind to race the next one."""
+    sweep leaves no slot behind to race the next one. Asked to stop (SIGTERM, Ctrl-C), it
+    stops its trial's workers, removes their temporary folder and exits 130, quietly."""
     die_with_parent(signal.SIGKILL)
-    if settings.base.threads:
-        import torch
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    try:
+        if settings.base.threads:
+            import torch
 
-        torch.set_num_threads(settings.base.threads)
-    return run_slot(settings)
+            torch.set_num_threads(settings.base.threads)
+        return run_slot(settings)
+    except KeyboardInterrupt:
+        # the sweep says it was interrupted; a traceback per slot would say nothing more. Its trial
+        # is told and its workers' folder removed: os._exit skips the interpreter's shutdown, which
+        # with torch loaded took 4 s on 2 busy cores, near the sweep's grace before it kills the slot
+        sys.stderr.flush()
+        os._exit(130)
