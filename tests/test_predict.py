@@ -344,16 +344,19 @@ def test_a_connection_carries_one_message_at_a_time_and_the_receive_notice_waits
     assert spans("gpipe", 10.0)[0] == pytest.approx(spans("gpipe", 0.0)[0]) == pytest.approx(step)
 
 
-def test_pipeline_runtime_fit_recovers_its_constants():
+@pytest.mark.parametrize("n", [2, 4])
+def test_pipeline_runtime_fit_recovers_its_constants(n):
+    """The probe of 2 stages, and the one over every worker (4 here): the fit finds the step cost
+    and the hop the simulation of its schedules was given."""
     from partrain.profile.hardware import fit_pipeline_runtime
 
-    stage_s, action, step, hop = [(1e-4, 2e-4), (1e-4, 3e-4)], 4e-5, 4e-4, 3e-4
-    fwd = (stage_s[0][0] + action, stage_s[1][0] + action)
-    bwd = (stage_s[0][1] + action, stage_s[1][1] + action)
-    runtime = ((StepWork("runtime", step),), (StepWork("runtime", step),))
-    costs = PipelineCosts(fwd, bwd, (hop, 0.0), (0.0, hop), after=runtime)
+    stage_s, action, step, hop = [(1e-4, 2e-4), (1e-4, 3e-4), (2e-4, 2e-4), (1e-4, 1e-4)][:n], 4e-5, 4e-4, 3e-4
+    fwd = tuple(f + action for f, _ in stage_s)
+    bwd = tuple(b + action for _, b in stage_s)
+    runtime = ((StepWork("runtime", step),),) * n
+    costs = PipelineCosts(fwd, bwd, (hop,) * (n - 1) + (0.0,), (0.0,) + (hop,) * (n - 1), after=runtime)
     probe = {"stage_s": stage_s, "steps": [
-        {"schedule": s, "microbatches": m, "step_s": simulate(schedule_order(s, 2, m), costs).step_s}
+        {"schedule": s, "microbatches": m, "step_s": simulate(schedule_order(s, n, m), costs).step_s}
         for s in ("gpipe", "1f1b") for m in (4, 8)]}
     fitted_step, fitted_hop = fit_pipeline_runtime(probe, action)
     assert fitted_hop == pytest.approx(hop, rel=0.05)
@@ -614,6 +617,12 @@ def test_replicas_pipelines_pay_the_probe_timed_on_every_worker_at_once(mlp_prof
     assert side.runtime_of(2) == (0.010, 2e-3, (0, 2), True)
     assert one.runtime_of(2) == one.runtime_of(1)  # not measured: the one-pipeline probe
     assert HardwareProfile.from_dict(json.loads(json.dumps(side.to_dict()))) == side
+    # one pipeline with a stage on each of the 4 workers takes the probe run that way, where it was
+    world = dataclasses.replace(side, pipeline_world=(0.004, 5e-4))
+    assert world.runtime_of(1, 4) == (0.004, 5e-4, (0, 1), True)
+    assert world.runtime_of(1, 2) == one.runtime_of(1) and world.runtime_of(2, 2) == side.runtime_of(2)
+    assert side.runtime_of(1, 4) == one.runtime_of(1)  # not measured: the one-pipeline probe
+    assert HardwareProfile.from_dict(json.loads(json.dumps(world.to_dict()))) == world
     # a hop of the replicas: the side-by-side probe's latency less its own ranks' link (0 and 2: across nodes)
     n = 1e5
     assert stage_transfer_time(side, n, 1, 3, replicas=2) == pytest.approx(

@@ -285,6 +285,24 @@ def test_the_side_by_side_probe_runs_a_pipeline_on_every_pair_of_halves_at_once(
         assert len(probe["stage_s"]) == 2 and all(f > 0 and b > 0 for f, b in probe["stage_s"])
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_hardware_profile_of_3_workers_fits_the_pipeline_over_all_of_them(tmp_path):
+    """One 3-stage pipeline (the middle stage receives and sends both ways): its step times per
+    schedule and every stage's own costs, fitted to a step cost and a hop that a plan with a
+    stage on every worker takes."""
+    hw = profile_hardware(3, sizes=[64, 4096])
+    probe = hw.points["pipeline_world"]
+    steps = probe["steps"]
+    assert sorted((s["schedule"], s["microbatches"]) for s in steps) == [("1f1b", 4), ("1f1b", 8), ("gpipe", 4), ("gpipe", 8)]
+    assert all(len(s["rounds_s"]) == 9 and s["step_s"] == statistics.median(s["rounds_s"]) > 0 for s in steps)
+    assert len(probe["stage_s"]) == 3 and all(f > 0 and b > 0 for f, b in probe["stage_s"])
+    step_s, hop_s = hw.pipeline_world
+    assert step_s >= 0.0 and 0.0 <= hop_s <= max(s["step_s"] for s in steps)
+    assert hw.runtime_of(1, 3) == (step_s, hop_s, (0, 1), True)
+    assert HardwareProfile.load(hw.save(tmp_path / "hw.json")) == hw
+
+
 def test_hardware_profile_measures_every_collective(tmp_path):
     hw = profile_hardware(2, sizes=[64, 4096, 2**18, 2**20])
     fits = hw.collectives["intra"][2]
@@ -300,8 +318,9 @@ def test_hardware_profile_measures_every_collective(tmp_path):
     assert sorted((s["schedule"], s["microbatches"]) for s in steps) == [("1f1b", 4), ("1f1b", 8), ("gpipe", 4), ("gpipe", 8)]
     for s in steps:
         assert len(s["rounds_s"]) == 9 and s["step_s"] == statistics.median(s["rounds_s"]) > 0
-    # two workers: no replicas' pipelines to run side by side
+    # two workers: no replicas' pipelines to run side by side, and the one pipeline over both is the probe's own
     assert hw.pipeline_side_by_side is None and "pipeline_side_by_side" not in hw.points
+    assert hw.pipeline_world is None and "pipeline_world" not in hw.points
     # the link alone: its two largest messages, and the rate between them
     assert [n for n, _ in hw.points["link_alone"]["intra"]] == [2**18, 2**20]
     assert all(t > 0 for _, t in hw.points["link_alone"]["intra"])

@@ -66,7 +66,7 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     # per stage, (bytes, from, to) of the message it sends on: none (0 bytes) past either end
     ahead = [(out[s], rank(s), rank(s + 1)) if s < n - 1 else (0.0, 0, 0) for s in range(n)]
     back = [(out[s - 1], rank(s), rank(s - 1)) if s > 0 else (0.0, 0, 0) for s in range(n)]
-    send_fwd, send_bwd = (tuple(stage_transfer_time(hw, *msg, plan.dp) for msg in msgs) for msgs in (ahead, back))
+    send_fwd, send_bwd = (tuple(stage_transfer_time(hw, *msg, plan.dp, plan.pp) for msg in msgs) for msgs in (ahead, back))
     wire_fwd, wire_bwd = (tuple(wire_time(hw, *msg) for msg in msgs) for msgs in (ahead, back))
     kind = compute.optimizer_kind(plan.optimizer, plan.momentum)
     data = compute.at(profile, profile.data_s, plan.batch_size / plan.dp) / env.speed
@@ -87,7 +87,7 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
         # replica wrapper on its blocks (its cost over the whole model, shared by parameter bytes);
         # the runtime's per-step cost timed on every worker at once holds their sharing of the
         # cores already: it waits in the simulation, where computing would share them again
-        runtime = hw.runtime_of(plan.dp)
+        runtime = hw.runtime_of(plan.dp, plan.pp)
         # the probe timed that per-step cost over stages whose inputs were in memory, where most of it
         # is a stage waiting on the other; a training step's stages load their batch first, and that
         # fills the wait. Traced (issue 17): the gallery's dropout model, 2-stage 1F1B at batch 64, paid

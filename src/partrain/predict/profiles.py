@@ -81,7 +81,8 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
 # 10: with 4 or more workers, the probe also runs on every worker at once (``pipeline_side_by_side``)
 # 11: ``fsdp_unit``, a ``fully_shard`` unit's collectives as FSDP drives them (``profile.collectives``)
 # 12: across nodes of several workers, the collectives over the whole world too (``profile.hardware._tier_plans``)
-MEASUREMENT = 12
+# 13: with 3 or more workers, the probe also runs as one pipeline over all of them (``pipeline_world``)
+MEASUREMENT = 13
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
 # 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.
@@ -135,14 +136,23 @@ class HardwareProfile(JsonProfile):
     # nodes that share one machine's cores (emulated nodes): how many cores all of them share, so that
     # compute contends machine-wide, busy workers of every node against these; 0: each node has its own
     shared_cores: int = 0
+    # (pipeline_step_s, pipeline_hop_s) of one pipeline with a stage on every worker (``runtime_of``);
+    # None where not measured (fewer than 3 workers, a cluster file)
+    pipeline_world: tuple[float, float] | None = None
 
     @property
     def stale(self) -> bool:
         """Measured by an earlier method than this partrain's (``MEASUREMENT``)."""
         return self.source.startswith("measured") and self.method < MEASUREMENT  # "measured across 2 emulated nodes ..." too
 
-    def runtime_of(self, replicas: int) -> PipelineRuntime:
-        """The pipelining runtime's costs for a plan with ``replicas`` pipelines side by side.
+    def runtime_of(self, replicas: int, stages: int = 2) -> PipelineRuntime:
+        """The pipelining runtime's costs for a plan with ``replicas`` pipelines of ``stages`` ranks
+        side by side.
+
+        A single pipeline with a stage on every worker of the profile takes the probe run that
+        way (``pipeline_world``): the probe beside busy workers put 7.1 ms a step and 0.48 ms a
+        message on 4-stage pipelines over 4 workers on 2 cores, whose steps of small models were
+        then predicted 40-90% over their measure (issue 17's run51).
 
         One pipeline is timed by the probe on ranks 0 and 1 while the others keep a core busy.
         Replicas' pipelines pass messages at once, and where the workers outnumber the cores
@@ -150,6 +160,8 @@ class HardwareProfile(JsonProfile):
         two pipelines on 4 workers on 2 cores, 4.7-9.1 ms as one beside two busy workers (issue
         18: the mlp's pp2 x dp2 was 30-50% under). Where that was measured
         (``pipeline_side_by_side``), replicas take it."""
+        if replicas == 1 and stages == self.nodes * self.workers_per_node and self.pipeline_world is not None:
+            return PipelineRuntime(*self.pipeline_world, (0, 1), side_by_side=True)
         if replicas > 1 and self.pipeline_side_by_side is not None:
             ranks = (self.points or {}).get("pipeline_side_by_side", {}).get("ranks", (0, 1))
             return PipelineRuntime(*self.pipeline_side_by_side, tuple(ranks), side_by_side=True)
@@ -192,6 +204,7 @@ class HardwareProfile(JsonProfile):
             "sync_s": {str(k): v for k, v in self.sync_s.items()}, "source": self.source,
             "notes": self.notes, "points": self.points, "method": self.method, "other_load": self.other_load,
             "shared_cores": self.shared_cores,
+            "pipeline_world": list(self.pipeline_world) if self.pipeline_world else None,
         }
 
     @classmethod
@@ -211,6 +224,7 @@ class HardwareProfile(JsonProfile):
             {int(k): float(v) for k, v in d.get("sync_s", {}).items()},
             d.get("source", "measured"), list(d.get("notes", [])), d.get("points", {}), int(d.get("method", 1)),
             float(d.get("other_load", 0.0)), int(d.get("shared_cores", 0)),
+            tuple(map(float, d["pipeline_world"])) if d.get("pipeline_world") else None,
         )
 
 

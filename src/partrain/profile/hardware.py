@@ -29,6 +29,7 @@ from partrain.profile.step_probes import (
     measure_pipeline_action,
     measure_pipeline_hops,
     measure_pipelines_side_by_side,
+    measure_world_pipeline,
 )
 from partrain.profile.timing import cpu_seconds, others_share
 from partrain.progress import phase
@@ -101,6 +102,10 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
         with background_load(info.rank not in (0, 1)):  # the job's other workers compute meanwhile
             out["pipeline_probe"] = measure_pipeline_hops(pair, device) if info.rank in (0, 1) else None
             dist.barrier()
+        if info.world_size >= 3:
+            say(f"a {info.world_size}-stage pipeline over every worker")
+            out["pipeline_world"] = measure_world_pipeline(device)
+            dist.barrier()
         if info.world_size >= 4 and info.world_size % 2 == 0:
             say("2-stage pipelines on every worker at once, as a hybrid's replicas run")
             out["pipeline_side_by_side"] = measure_pipelines_side_by_side(device)
@@ -154,13 +159,13 @@ def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200) -> tuple
     the smallest squared error wins. Absolute errors weigh the runs with more micro-batches,
     where messages cost the most, as in real schedules.
     """
-    (f0, b0), (f1, b1) = probe["stage_s"]
-    fwd, bwd = (f0 + action_s, f1 + action_s), (b0 + action_s, b1 + action_s)
+    n = len(probe["stage_s"])  # stages, one per rank
+    fwd, bwd = (tuple(stage[i] + action_s for stage in probe["stage_s"]) for i in (0, 1))
     measured = [p["step_s"] for p in probe["steps"]]
 
     def fit(hop: float) -> tuple[float, float, float]:
-        costs = PipelineCosts(fwd, bwd, (hop, 0.0), (0.0, hop))
-        residual = [m - simulate(schedule_order(p["schedule"], 2, p["microbatches"]), costs).step_s
+        costs = PipelineCosts(fwd, bwd, (hop,) * (n - 1) + (0.0,), (0.0,) + (hop,) * (n - 1))
+        residual = [m - simulate(schedule_order(p["schedule"], n, p["microbatches"]), costs).step_s
                     for m, p in zip(measured, probe["steps"])]
         step = max(0.0, sum(residual) / len(residual))
         return sum((r - step) ** 2 for r in residual), step, hop
@@ -219,8 +224,9 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         others = others_share(before, cpu_seconds(), time.perf_counter() - started)  # the workers are waited-for children
     links, collectives = fit_measurements(raw)
     step_s, hop_s = fit_pipeline_runtime(raw["pipeline_probe"], raw["pipeline_action_s"])
-    side = raw.get("pipeline_side_by_side")
+    side, world = raw.get("pipeline_side_by_side"), raw.get("pipeline_world")
     side_by_side = fit_pipeline_runtime(side, raw["pipeline_action_s"]) if side else None
+    world_pipeline = fit_pipeline_runtime(world, raw["pipeline_action_s"]) if world else None
     here = machine()
     sharing, sync = fit_compute_sharing(raw["compute_sharing"], here.cpu_cores)
     local = raw["local_world_size"]
@@ -241,6 +247,7 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         pipeline_step_s=step_s,
         pipeline_hop_s=hop_s,
         pipeline_side_by_side=side_by_side,
+        pipeline_world=world_pipeline,
         compute_sharing=sharing,
         sync_s=sync,
         notes=raw["notes"],
@@ -248,5 +255,6 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         points=json.loads(json.dumps({**{tier: {str(k): v for k, v in by.items()} for tier, by in raw["tiers"].items()},
                                       "pipeline": raw["pipeline_probe"], "compute_sharing": raw["compute_sharing"],
                                       "link_alone": raw["link_alone"],
-                                      **({"pipeline_side_by_side": side} if side else {})})),
+                                      **({"pipeline_side_by_side": side} if side else {}),
+                                      **({"pipeline_world": world} if world else {})})),
     )

@@ -72,8 +72,8 @@ def _median_of(run, repeats: int = 50) -> float:
 
 
 def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[int, ...] = (4, 8), rounds: int = 9,
-                         steps: int = 10) -> dict:
-    """Step times of a real two-stage pipeline (ranks 0 and 1) over tiny stages, per schedule and
+                         steps: int = 10, stages: int = 2) -> dict:
+    """Step times of a real pipeline of ``stages`` ranks (0 and 1 by default) over tiny stages, per schedule and
     micro-batch count, with each stage's plain forward and backward: what a message between
     stages costs inside the runtime (waking a waiting worker included), which a ping-pong
     between two busy workers underestimates. The micro-batch counts are those of the default
@@ -85,22 +85,24 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
     then fitted a per-step overhead of 0.0 to 8.6 ms in 11 profiles of three placements; the
     median of nine rounds of 10 read 6.2-6.9 ms in four runs, in a third of the time. (An
     episode longer than most of the rounds still shows: one of nine link profiles in a
-    benchmark.) Ranks 0 and 1 call this; rank 0 gets the result.
+    benchmark.) The ranks of ``group`` (``stages`` of them) call this; rank 0 gets the result.
     """
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    rank = dist.get_rank(group)
-    module = (nn.Sequential(nn.Linear(width, width), nn.ReLU()) if rank == 0 else nn.Linear(width, 10)).to(device)
+    rank, last = dist.get_rank(group), stages - 1
+    module = (nn.Sequential(nn.Linear(width, width), nn.ReLU()) if rank < last else nn.Linear(width, 10)).to(device)
     x = torch.randn(2, width, device=device)
     y = torch.randint(0, 10, (2,), device=device)
     runs = []
     for cls, name in ((ScheduleGPipe, "gpipe"), (Schedule1F1B, "1f1b")):
         for m in microbatches:
-            stage = PipelineStage(module, rank, 2, device, group=group)
+            stage = PipelineStage(module, rank, stages, device, group=group)
             schedule = cls(stage, m, loss_fn=F.cross_entropy, scale_grads=True)
             xs, ys = x.repeat(m, 1), y.repeat(m)
             if rank == 0:
                 run = lambda s=schedule, xs=xs: s.step(xs, losses=[])  # noqa: E731  (bound now: the loop moves on)
+            elif rank < last:
+                run = lambda s=schedule: s.step(losses=[])  # noqa: E731
             else:
                 run = lambda s=schedule, ys=ys: s.step(target=ys, losses=[])  # noqa: E731
             runs.append(({"schedule": name, "microbatches": m}, run, []))
@@ -113,13 +115,23 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
 
     def forward_backward():  # the last stage's backward starts from the loss
         out = module(inp)
-        (F.cross_entropy(out, y) if rank == 1 else out).backward(None if rank == 1 else grad)
+        (F.cross_entropy(out, y) if rank == last else out).backward(None if rank == last else grad)
 
     fwd = _median_of(lambda: module(inp))
     bwd = max(0.0, _median_of(forward_backward) - fwd)
-    stage_s = [None, None]
+    stage_s = [None] * stages
     dist.all_gather_object(stage_s, (fwd, bwd), group=group)
     return {"steps": timed, "stage_s": stage_s, "message_bytes": 2 * width * 4}
+
+
+def measure_world_pipeline(device, **probe) -> dict | None:
+    """``measure_pipeline_hops`` as one pipeline over every worker (a stage per rank), as a plan
+    with as many stages as workers runs: each stage waits in its bubble and is woken by its
+    neighbour while the others compute or wait too. The two-stage probe beside busy workers
+    is not that: on a 2-core VM (issue 17's run51), 4-stage pipelines of 8 micro-batches on 4
+    workers ran 23-35 ms a step where its costs predicted 42-47. Every rank calls this; rank 0
+    gets the result."""
+    return measure_pipeline_hops(dist.group.WORLD, device, stages=dist.get_world_size(), **probe)
 
 
 def measure_pipelines_side_by_side(device, **probe) -> dict:
