@@ -298,14 +298,16 @@ def test_a_study_made_before_the_fixed_options_were_stored_resumes_and_stores_th
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c", "slots-only"])
 def test_an_interrupted_sweep_of_ddp_trials_leaves_nothing_in_tmpdir_and_exits_130(tmp_path, data_dir, how):
-    """The slots were SIGKILLed, so each running trial's spawn left its partrain-* folder."""
+    """The slots were SIGKILLed, so each running trial's spawn left its partrain-* folder. And
+    slots interrupted before the sweep itself (here: only they are told) are an interrupted
+    sweep too, not "2 sweep slot(s) failed (exit 130)", exit 2 (clean-clone CI once)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     argv = [sys.executable, "-m", "partrain", *_sweep(tmp_path, data_dir, "--trials", "2", "--workers", "4",
-            "--per-trial", "2", "--sampler", "grid", "--no-prune", "--space", "lr=0.01,0.1", "--epochs", "3",
-            "--limit", "12800", "--threads", "1", "--quiet")]
+            "--per-trial", "2", "--sampler", "grid", "--no-prune", "--space", "lr=0.01,0.1", "--epochs", "30",
+            "--limit", "12800", "--threads", "1", "--quiet")]  # trials of minutes: still running when interrupted
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "TMPDIR": str(tmp)}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -318,6 +320,9 @@ def test_an_interrupted_sweep_of_ddp_trials_leaves_nothing_in_tmpdir_and_exits_1
         time.sleep(1.0)  # past the workers' start: the trials run
         if how == "sigterm":
             proc.send_signal(signal.SIGTERM)  # the sweep only
+        elif how == "slots-only":
+            for slot in _slots_of(proc.pid):
+                os.kill(slot, signal.SIGTERM)
         else:
             os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: the whole foreground group
         _, err = proc.communicate(timeout=60)
@@ -325,8 +330,15 @@ def test_an_interrupted_sweep_of_ddp_trials_leaves_nothing_in_tmpdir_and_exits_1
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "partrain: interrupted"
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "partrain: interrupted", err
     assert not list(tmp.glob("partrain-*"))
+
+
+def _slots_of(pid: int) -> list[int]:
+    """The sweep's slot processes: its children that multiprocessing spawned (not its resource tracker)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(c) for c in children
+            if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
 
 
 @pytest.mark.multiproc

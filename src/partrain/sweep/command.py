@@ -6,6 +6,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
 
@@ -156,9 +157,15 @@ def run(args) -> int:
             _stop_slots(procs)  # their trials are marked failed or stay RUNNING, and the next run reclaims them
             raise
         if bad := [p.exitcode for p in procs if p.exitcode]:
+            if all(code in INTERRUPTED for code in bad):  # a Ctrl-C at the terminal reached the slots first
+                raise KeyboardInterrupt
             raise PartrainError(f"{len(bad)} sweep slot(s) failed (exit {bad[0]}); the study keeps what finished: run "
                                 "the same command again to resume")
     return _report(args, settings, open_study(settings), time.perf_counter() - start)
+
+
+# a slot's exit status when it was interrupted: 130 (it cleaned up), or killed by SIGINT or SIGTERM
+INTERRUPTED = frozenset({130, -signal.SIGINT, -signal.SIGTERM})
 
 
 def _stop_slots(procs, grace_s: float = STOP_GRACE_S) -> None:
