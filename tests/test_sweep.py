@@ -27,7 +27,8 @@ from partrain.sweep.space import (
     train_command,
     trial_config,
 )
-from partrain.sweep.study import EpochReporter, SweepSettings, open_study, storage_url
+from partrain.sweep.storage import open_study, storage_url
+from partrain.sweep.study import EpochReporter, SweepSettings
 
 optuna = pytest.importorskip("optuna")
 REPO = Path(__file__).resolve().parents[1]

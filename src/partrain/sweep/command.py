@@ -86,7 +86,8 @@ def _base_config(args, batch_size: int) -> RunConfig:
 def _settings(args):
     from partrain.distributed.spawn import check_local_workers
     from partrain.sweep.space import check_divisible, parse_space
-    from partrain.sweep.study import SweepSettings, storage_url
+    from partrain.sweep.storage import storage_url
+    from partrain.sweep.study import SweepSettings
 
     if args.trials < 1:
         raise PartrainError(f"--trials must be at least 1, got {args.trials}")
@@ -120,14 +121,8 @@ def run(args) -> int:
     if args.plan:
         return _plan(args, settings)
     from partrain.runner import preflight
-    from partrain.sweep.study import (
-        counts,
-        enqueue_grid,
-        open_study,
-        reclaim_interrupted,
-        run_slot,
-        slot_main,
-    )
+    from partrain.sweep.storage import open_study
+    from partrain.sweep.study import counts, enqueue_grid, reclaim_interrupted, run_slot, slot_main
 
     preflight(settings.base)  # missing data or an unknown model: one line, before any trial starts
     check_file("--plot", args.plot or f"{args.study}.png")
