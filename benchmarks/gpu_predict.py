@@ -71,8 +71,9 @@ class Row:
         return self.predicted_bytes / self.measured_bytes - 1
 
 
-def partrain(*argv: str) -> tuple[dict, float]:
-    """``python -m partrain ARGV --json`` from the source tree: (its JSON, wall seconds)."""
+def partrain(*argv: str, phases: bool = False) -> tuple[dict, float]:
+    """``python -m partrain ARGV --json`` from the source tree: (its JSON, wall seconds); with
+    ``phases``, its progress lines (``[  t s] what: text``, where a profile's time goes) are shown."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "partrain", *argv, "--json"], capture_output=True, text=True, env=env,
@@ -80,6 +81,9 @@ def partrain(*argv: str) -> tuple[dict, float]:
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"partrain {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
+    if phases:
+        print("".join(f"    {line}\n" for line in proc.stderr.splitlines() if line.startswith("[")), end="",
+              file=sys.stderr, flush=True)
     return json.loads(proc.stdout.strip().splitlines()[-1]), wall
 
 
@@ -124,7 +128,7 @@ def measure_one(model, dataset, batch, precision, covering, profile_dir, profile
     covering = ",".join(map(str, covering))
     print(f"{model}/{dataset} b{batch} {precision}: predicting (profile at batches {covering})...", file=sys.stderr)
     predicted, _ = partrain("predict", *common, "--strategies", "serial", "--device", device,
-                            "--profile-batch-sizes", covering, "--profile-dir", profile_dir)
+                            "--profile-batch-sizes", covering, "--profile-dir", profile_dir, phases=True)
     (serial,) = predicted["predictions"]
     if not predicted["profile_reused"]:  # this prediction measured its profile
         profiles[predicted["model_profile"]] = predicted["profile_seconds"]

@@ -386,3 +386,18 @@ def test_a_failed_probe_is_told_by_its_exception_line():
     assert _exception_line(ddp, 1) == "RuntimeError: Expected to have finished reduction"
     assert _exception_line("[rank0]: [rank0]: ValueError: no scalars\n", 1) == "ValueError: no scalars"
     assert _exception_line("killed\n", 9) == "killed" and _exception_line("", 9) == "exit status 9"
+
+
+def test_the_replica_wrapper_is_timed_with_contiguous_weights_under_channels_last():
+    """A hybrid's replica wrapper is ``fully_shard``, which takes contiguous parameters only:
+    with --channels-last the probe timed it on NHWC weights, and every channels-last profile of
+    a convolutional model failed (``FSDP does not support non-contiguous parameters``), on a
+    CPU and on a GPU alike."""
+    import torch
+
+    from partrain.profile.probe import _time_replica_wrapper
+
+    args = {"model": "cnn", "input_shape": [1, 28, 28], "num_classes": 10, "options": {},
+            "run": {"device": "cpu", "precision": "fp32", "channels_last": True, "compile": False}}
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    assert _time_replica_wrapper(args, x, y, steps=2) >= 0.0

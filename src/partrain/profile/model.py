@@ -23,7 +23,8 @@ half as many steps of the bare model against the same model inside a hybrid's re
 On a GPU (``--device cuda``, the default where CUDA is) the same measurements are taken on the
 GPU, timed with CUDA events (``timing.Stopwatch``), under the run's autocast precision and
 memory format (``profile.numerics``); the memory probe reads the CUDA caching allocator
-instead of the resident set, and also times partrain's serial loop at every profiled batch
+instead of the resident set, in this process (its peaks are reset and counted from what is
+held; no second CUDA start), and also times partrain's serial loop at every profiled batch
 size (``ModelProfile.loop_s``), since the allocator peaks need those runs anyway.
 """
 
@@ -240,7 +241,8 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
                                      else str(data_dir), synthetic=synthetic, options=options, seed=seed),
                                 sharing_batch) if dev.type == "cpu" else None
     try:
-        phase(f"profile {model}", "memory and the training loop of serial, DDP, local SGD, FSDP and a hybrid on a world of one (a fresh process)")
+        phase(f"profile {model}", "memory and the training loop of serial, DDP, local SGD, FSDP and a hybrid on a world of one "
+                                  + ("(on the GPU, in this process)" if dev.type == "cuda" else "(a fresh process)"))
         memory = measure_memory(model, dataset, spec.input_shape, spec.num_classes, batch_sizes, threads, data_dir, synthetic,
                                 options, world_of_one_steps(step_s), step_s=step_s,
                                 run={"device": dev.type, "precision": precision, "channels_last": channels_last,

@@ -6,7 +6,8 @@ load a batch, forward, loss, backward, SGD step), which ``profile.model`` turns 
 loop's step time there. ``profile.model`` starts it (``measure_memory``) and folds its figures
 into the profile.
 
-On a GPU (``cuda_probe``) the memory is the CUDA caching allocator's: the bytes the model's
+On a GPU (``cuda_probe``, run in the profiler's own process: the allocator's peaks reset, and
+count from what that process holds) the memory is the CUDA caching allocator's: the bytes the model's
 parameters and buffers take once placed, and the peaks (allocated, what ``train`` reports, and
 reserved) of partrain's own serial loop at every profiled batch size, whose step times are kept
 too (``loop``): on a GPU the whole loop, data path and launch overlap included, is the better
@@ -38,6 +39,7 @@ from partrain.errors import PartrainError
 from partrain.models import build_model
 from partrain.profile.numerics import autocast, place, place_input
 from partrain.profile.timing import Stopwatch, lower_half_median, median_times, timed
+from partrain.progress import phase
 from partrain.spec import SPECS
 from partrain.strategies.base import (
     loss_fn,  # class or per-token cross-entropy, as training scores it
@@ -141,6 +143,7 @@ def cuda_probe(args: dict) -> dict:
     out = {"rss": baseline, "peak": baseline, "train_peaks": [], "train_peaks_reserved": [], "loop": [],
            "world_of_one": {}, "replica_wrapper": 0.0}
     for b in sorted(args["batch_sizes"]):
+        phase(f"profile {args['model']}", f"serial loop at batch {b}, {steps} steps")
         ran = _cuda_run(args, "serial", b, steps, device)
         out["train_peaks"].append(ran["allocated"])
         out["train_peaks_reserved"].append(ran["reserved"])
@@ -149,12 +152,14 @@ def cuda_probe(args: dict) -> dict:
         batch = min(args["batch_sizes"])
         out["world_of_one"] = {"serial": out["loop"][0]}
         for strategy in (s for s in WORLD_OF_ONE if s != "serial"):  # serial's is the loop's
+            phase(f"profile {args['model']}", f"{strategy} on a world of one at batch {batch}")
             try:
                 out["world_of_one"][strategy] = _cuda_run(args, strategy, batch, steps, device)["step_s"]
             except PartrainError:  # e.g. a hybrid of a model no pipeline can cut: not measured, as on a CPU
                 continue
         train_set = load_dataset(args["dataset"], "train", data_dir=args["data_dir"], synthetic=args["synthetic"])
         x, y = train_set.get(torch.arange(batch) % len(train_set))
+        phase(f"profile {args['model']}", "a hybrid's replica wrapper")
         out["replica_wrapper"] = _time_replica_wrapper(args, x, y, max(2, steps // 2))
     return out
 
@@ -167,16 +172,22 @@ def _cuda_run(args: dict, strategy: str, batch: int, steps: int, device: torch.d
     from partrain.train import train_worker
 
     gc.collect()
+    # cuBLAS keeps its workspaces in the caching allocator once a matmul ran: a fresh ``train``
+    # allocates them in its first step (64 MiB on an H200), and so must this run
+    getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
+    # what this process holds already (the profiler's own tensors, cached compiled code) is
+    # not the run's: a fresh ``partrain train`` starts from nothing
+    held, held_reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
     run = args["run"]
     cfg = RunConfig(model=args["model"], dataset=args["dataset"], data_dir=args["data_dir"], synthetic=args["synthetic"],
                     model_options=args["options"], batch_size=batch, steps=steps, evaluate=False,
                     threads=args["threads"], workers=1, strategy=strategy, precision=run["precision"],
                     channels_last=run["channels_last"], compile=run["compile"])
     result = train_worker(cfg, LaunchInfo("none"), show_progress=False)
-    return {"step_s": result.summary()["seconds_per_step"], "allocated": result.peak_memory_bytes,
-            "reserved": torch.cuda.max_memory_reserved(device)}
+    return {"step_s": result.summary()["seconds_per_step"], "allocated": result.peak_memory_bytes - held,
+            "reserved": torch.cuda.max_memory_reserved(device) - held_reserved}
 # the first step is left out (the median shrugs off a second slow one); the measured ones take
 # about 0.1 s: 2 steps of a big model, up to 64 of a millisecond one, whose overheads are small
 # differences of short steps that a burst of other work can swamp in a few samples
@@ -237,8 +248,10 @@ def _time_replica_wrapper(args: dict, x: torch.Tensor, y: torch.Tensor, steps: i
 
     run = args["run"]
     device = torch.device(run["device"])
+    # contiguous weights, NHWC batches: FSDP shards contiguous parameters only, and the replica
+    # wrapper puts them back so under --channels-last (strategies.pipeline)
     net = place(build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"]), device,
-                run["channels_last"])
+                channels_last=False)
     if scalar_parameter(net) is not None:
         return 0.0  # fully_shard cannot wrap a scalar parameter: a hybrid with replicas refuses this model
     x, y, mesh = place_input(x, device, run["channels_last"]), y.to(device), None
@@ -285,6 +298,16 @@ def measure_memory(model: str, dataset: str, input_shape, num_classes: int, batc
             "batch_sizes": batch_sizes, "threads": threads, "data_dir": None if data_dir is None else str(data_dir),
             "synthetic": synthetic, "options": options, "world_of_one_steps": world_of_one_steps, "run": run,
             "step_s": step_s}
+    if run["device"] == "cuda":
+        # the allocator's peaks can be reset and counted from what is held now, so the GPU's
+        # figures need no fresh process: this one saves its start (importing torch with CUDA
+        # and a second CUDA context, seconds of a profile a small model's runs take seconds for)
+        gc.collect()
+        gc.freeze()  # the world-of-one runs' full collections walk only their own objects (see baseline_probe)
+        try:
+            return cuda_probe(args)
+        finally:
+            gc.unfreeze()
     proc = subprocess.run([*python_command(), "-c", "from partrain.profile.probe import baseline_probe; baseline_probe()",
                            json.dumps(args)], capture_output=True, text=True, env=child_env(), timeout=600)
     if proc.returncode != 0:
