@@ -56,6 +56,22 @@ def test_param_balance_is_deterministic():
     assert a == partition(blocks, 4, balance="params") and len(a.bounds) == 4
 
 
+def test_one_stage_holds_every_block_and_times_none():
+    """A world-of-one hybrid (pp1) has nothing to balance: timing its blocks ran the whole model
+    a few times at the full batch on the host (33 s for resnet50 at batch 128 on a GPU machine)."""
+    calls = []
+
+    class Counted(torch.nn.Linear):
+        def forward(self, x):
+            calls.append(1)
+            return super().forward(x)
+
+    blocks = [Counted(4, 4) for _ in range(3)]
+    part = partition(blocks, 1, balance="time", sample=torch.randn(8, 4))
+    assert part.bounds == ((0, 3),) and calls == []
+    assert part.costs == (20.0, 20.0, 20.0) and part.balance == "params"  # what the one-line description shows
+
+
 @pytest.mark.parametrize("stages", [2, 4])
 def test_resnet18_cifar_stages_are_time_balanced(stages):
     torch.manual_seed(0)
