@@ -124,7 +124,7 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
     return {"steps": timed, "stage_s": stage_s, "message_bytes": 2 * width * 4}
 
 
-def measure_world_pipeline(device, **probe) -> dict | None:
+def measure_world_pipeline(device, **probe) -> dict:
     """``measure_pipeline_hops`` as one pipeline over every worker (a stage per rank), as a plan
     with as many stages as workers runs: each stage waits in its bubble and is woken by its
     neighbour while the others compute or wait too. The two-stage probe beside busy workers

@@ -70,9 +70,8 @@ def _storage(url: str):
 def sampler_for(settings: SweepSettings):
     import optuna
 
-    if settings.sampler == "grid":  # the points are queued in the study (enqueue_grid); this draws none
-        return optuna.samplers.RandomSampler(seed=settings.sampler_seed)
-    if settings.sampler == "random":
+    # grid: the points are queued in the study (enqueue_grid), so its sampler draws none
+    if settings.sampler in ("grid", "random"):
         return optuna.samplers.RandomSampler(seed=settings.sampler_seed)
     if settings.sampler == "tpe":
         # constant_liar: trials running in other slots count as bad guesses, so slots spread out
