@@ -17,6 +17,7 @@ from partrain.predict.profiles import HardwareProfile, ModelProfile
 from partrain.profile import cache as cache_module
 from partrain.profile import model as model_module
 from partrain.profile.cache import load_or_profile
+from partrain.profile.collectives import sweep
 from partrain.profile.hardware import fit_measurements, group_sizes, profile_hardware
 from partrain.profile.model import profile_model
 
@@ -232,6 +233,24 @@ def test_fit_measurements_per_tier_and_group_size():
     raw["tiers"]["intra"][2]["ddp_allreduce"] = [[n, t * (3 if n == 2**20 else 1.1)] for n, t in points(1e-5, 1e9)]
     ddp = fit_measurements(raw)[1]["intra"][2]["ddp_allreduce"]
     assert ddp.time(2**20) == pytest.approx(1.1 * (1e-5 + 2**20 / 1e9), rel=0.05)
+
+
+def test_a_sweep_times_again_a_point_slower_than_a_larger_message():
+    # a 1 Gbit/s link's ping-pong read inside a slow episode at 4 and 16 KiB (issue 18's run52)
+    first = {1024: 7e-5, 4096: 8.0e-4, 16384: 6.5e-4, 65536: 3.9e-4, 2**20: 7.9e-3}
+    again = {4096: [7.1e-4, 7.5e-5], 16384: [7.7e-5]}  # 4 KiB is still slow the first time again
+    calls = []
+
+    def time_of(n):
+        calls.append(n)
+        return again[n].pop(0) if calls.count(n) > 1 else first[n]
+
+    swept = sweep(time_of, list(first))
+    assert swept == [(1024, 7e-5), (4096, 7.5e-5), (16384, 7.7e-5), (65536, 3.9e-4), (2**20, 7.9e-3)]
+    assert sorted(calls) == sorted([*first, 4096, 4096, 16384])  # the plausible points once each
+    # a point that stays slow is kept, at the shortest of its tries, and a sweep tries it no more than that
+    assert sweep(lambda n: {1: 5e-4, 2: 1e-4}[n], [1, 2], retries=2) == [(1, 5e-4), (2, 1e-4)]
+    assert sweep(lambda n: n * 1e-6, [4, 1, 2]) == [(4, 4e-6), (1, 1e-6), (2, 2e-6)]  # the order asked for
 
 
 def test_group_sizes():

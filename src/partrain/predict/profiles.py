@@ -82,7 +82,8 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
 # 11: ``fsdp_unit``, a ``fully_shard`` unit's collectives as FSDP drives them (``profile.collectives``)
 # 12: across nodes of several workers, the collectives over the whole world too (``profile.hardware._tier_plans``)
 # 13: with 3 or more workers, the probe also runs as one pipeline over all of them (``pipeline_world``)
-MEASUREMENT = 13
+# 14: a sweep's point slower than a larger message's is timed again (``profile.collectives.sweep``)
+MEASUREMENT = 14
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
 # 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.
