@@ -238,6 +238,27 @@ def test_a_user_models_profile_is_keyed_by_its_source_and_its_whole_name(tmp_pat
     assert name("nets:build_x") != name("nets_build:x")
     (tmp_path / "nets.py").write_text("def build(input_shape, num_classes):\n    return 1\n")
     assert name("nets:build") != before
+    # a module it imports is the model too: a sibling, or a package beside it ...
+    edited = name("nets:build")
+    (tmp_path / "nets_build.py").write_text("x = 1\n")
+    assert name("nets:build") != edited
+    (tmp_path / "layers").mkdir()
+    (tmp_path / "layers" / "__init__.py").write_text("")
+    assert name("nets:build") == (edited := name("nets:build")) and edited != before
+    (tmp_path / "layers" / "conv.py").write_text("WIDTH = 8\n")
+    assert name("nets:build") != edited
+    # ... and in a package, any of its modules; a file elsewhere is not
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    for init in ("pkg/__init__.py", "pkg/sub/__init__.py"):
+        (tmp_path / init).write_text("")
+    (tmp_path / "pkg" / "sub" / "nets.py").write_text("def build(input_shape, num_classes):\n    return None\n")
+    (tmp_path / "pkg" / "blocks.py").write_text("DEPTH = 2\n")
+    in_package = name("pkg.sub.nets:build")
+    (tmp_path / "pkg" / "blocks.py").write_text("DEPTH = 3\n")
+    assert name("pkg.sub.nets:build") != in_package
+    in_package = name("pkg.sub.nets:build")
+    (tmp_path / "notes.py").write_text("y = 2\n")  # beside the package, not in it
+    assert name("pkg.sub.nets:build") == in_package
     assert name("mlp") == f"model-mlp-mnist-b4-t1-{cache.fingerprint()}.json"  # the zoo's names as they were
     assert name("nosuchmodule:f").startswith("model-nosuchmodule+f-mnist")  # building it says what is wrong
 

@@ -214,21 +214,56 @@ def load_factory(spec: str) -> Callable:
 
 
 def source_digest(spec: str) -> str | None:
-    """A short hash of the file that holds user factory ``spec``'s module (None for the zoo, or a
+    """A short hash of the source user factory ``spec`` is built from (None for the zoo, or a
     module not found as a file): a profile cached for a model the user has since edited is not
-    the profile of the model that will train. Only that file: an edit in another module it
-    imports is not seen (``profile --refresh`` measures again)."""
+    the profile of the model that will train. The source is every ``.py`` file of the
+    factory's top-level package, or, for a module outside any package, the ``.py`` files
+    beside it and in the packages beside it (its own file alone where it is installed among
+    other distributions, or beside more than ``MAX_SOURCE_FILES``): a model class or a layer
+    kept in a module the factory imports is part of the model too."""
     if spec in _ZOO or ":" not in spec:
         return None
     import hashlib
     import importlib.util
 
     try:
-        found = importlib.util.find_spec(spec.partition(":")[0])
+        module = spec.partition(":")[0]
+        found = importlib.util.find_spec(module)
         origin = Path(found.origin) if found and found.origin else None
-        return hashlib.sha256(origin.read_bytes()).hexdigest()[:10] if origin and origin.is_file() else None
+        if origin is None or not origin.is_file():
+            return None
+        digest = hashlib.sha256()
+        for name, path in _source_files(module, origin):  # the names too: a file renamed or moved is another model
+            digest.update(f"{name}\0".encode())
+            digest.update(path.read_bytes())
+        return digest.hexdigest()[:10]
     except (ImportError, ValueError, OSError):  # not importable: building the model says why, in one line
         return None
+
+
+MAX_SOURCE_FILES = 500
+
+
+def _source_files(module: str, origin: Path) -> list[tuple[Path, Path]]:
+    """(name, path) of the ``.py`` files ``source_digest`` hashes, sorted (see there)."""
+    import importlib.util
+    import site
+    import sysconfig
+
+    top = importlib.util.find_spec(module.partition(".")[0])
+    alone = [(Path(origin.name), origin)]
+    if top is not None and top.submodule_search_locations:  # a package (a namespace one may have several roots): all of it
+        roots = [Path(root) for root in top.submodule_search_locations]
+        files = sorted((f.relative_to(root.parent), f) for root in roots for f in root.rglob("*.py"))
+        return files if len(files) <= MAX_SOURCE_FILES else alone
+    here = origin.parent
+    shared = {Path(p).resolve() for p in (*site.getsitepackages(), site.getusersitepackages(),
+                                           *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")))}
+    if here.resolve() in shared:  # a module installed among other distributions: its neighbours are not its source
+        return alone
+    packages = [d for d in here.iterdir() if (d / "__init__.py").is_file()]
+    files = sorted((f.relative_to(here), f) for f in [*here.glob("*.py"), *(f for d in packages for f in d.rglob("*.py"))])
+    return files if len(files) <= MAX_SOURCE_FILES else alone
 
 
 def _import(spec: str, module_name: str):
