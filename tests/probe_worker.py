@@ -1,10 +1,12 @@
-"""A worker that runs the hardware profile's side-by-side pipeline probe (tests/test_profile.py)."""
+"""A worker that runs the hardware profile's side-by-side pipeline probe (tests/test_profile.py), and
+the probe over every worker as the simulation would time it (tests/test_predict.py, test_bench_nodes.py)."""
 
 from __future__ import annotations
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from partrain.predict.pipeline_sim import PipelineCosts, StepWork, schedule_order, simulate
 from partrain.distributed.launch import detect_launcher, init_process_group, leave_process_group
 from partrain.profile.step_probes import measure_pipelines_side_by_side
 
@@ -19,3 +21,15 @@ def side_by_side(rounds: int, steps: int) -> dict:
         return measure_pipelines_side_by_side(torch.device("cpu"), rounds=rounds, steps=steps)
     finally:
         leave_process_group()
+
+
+def simulated_world_probe(stage_s, hop: float, step: float, action: float, slowdown, nbytes: int = 512) -> dict:
+    """``measure_world_pipeline``'s record of one load, its step times the simulation's: stages
+    of ``stage_s`` (forward, backward) plus the runtime's ``action`` each, ``hop`` a message,
+    ``step`` a step, the cores shared by ``slowdown``; 8 micro-batches of both schedules."""
+    n = len(stage_s)
+    costs = PipelineCosts(tuple(f + action for f, _ in stage_s), tuple(b + action for _, b in stage_s),
+                          (hop,) * (n - 1) + (0.0,), (0.0,) + (hop,) * (n - 1), after=((StepWork("runtime", step),),) * n)
+    return {"stage_s": [list(s) for s in stage_s], "message_bytes": nbytes, "steps": [
+        {"schedule": s, "microbatches": 8, "step_s": simulate(schedule_order(s, n, 8), costs, slowdown).step_s}
+        for s in ("gpipe", "1f1b")]}

@@ -25,6 +25,7 @@ from partrain.predict.plan import Plan
 from partrain.predict.profiles import HardwareProfile
 from partrain.predict.predictor import predict_plan
 from partrain.profile.cache import hardware_across
+from partrain.profile.hardware import fit_loaded_world
 from partrain.testing import netns
 from partrain.validate_recommend import recommendation_outcomes
 from partrain.validate_nodes import link_rates, validate_across_nodes
@@ -124,6 +125,26 @@ def test_emulated_nodes_share_the_machines_cores():
     two_by_two = dataclasses.replace(hw, workers_per_node=2, sync_s={2: 0.0})
     assert bench_nodes.shares_cores(two_by_two, 2, 2, {2: 0.0001, 4: 0.004}).sync_s == {1: 0.0001, 2: 0.004}
     assert bench_nodes.shares_cores(dataclasses.replace(hw, workers_per_node=1), 4, 2, {4: 0.004}).sync_s == {1: 0.004}
+
+
+def test_emulated_nodes_fit_their_loaded_pipeline_probe_on_the_cores_they_share():
+    """4 nodes of one worker on 2 cores: their probe over stages that compute, timed with the
+    machine's cores shared, is fitted again once the profile says so; seen from inside a node
+    (a core each, nothing shared) the probe's slower steps were all put down to the messages."""
+    from tests.probe_worker import simulated_world_probe
+
+    hw = load_cluster(Path(__file__).resolve().parents[1] / "examples" / "cluster.toml")
+    hw = dataclasses.replace(hw, nodes=4, workers_per_node=1, cores_per_node=2, compute_sharing={}, sync_s={},
+                             compute_speed=1.0, pipeline_action_s=0.0, pipeline_world=(0.0, 4e-4))
+    shared = lambda k: max(1.0, k / 2)  # noqa: E731  (4 busy workers on the machine's 2 cores)
+    stages = [(1e-3, 2e-3)] * 4
+    probes = [simulated_world_probe([(1e-5, 2e-5)] * 4, 4e-4, 0.0, 0.0, shared),
+              simulated_world_probe(stages, 1.5e-3, 0.0, 0.0, shared)]
+    hw = dataclasses.replace(hw, points={"pipeline_world": probes[0], "pipeline_world_loaded": probes[1:]})
+    alone = fit_loaded_world(hw)
+    assert alone[1][1] > 2e-3  # each node's own core: the sharing is taken for messages
+    fitted = bench_nodes.shares_cores(hw, 4, 2).pipeline_world_loaded
+    assert fitted[0] == alone[0] and fitted[1] == (pytest.approx(1.5e-3), pytest.approx(1.5e-3, rel=0.05))
 
 
 @pytest.fixture(scope="module")

@@ -125,7 +125,7 @@ def wire_time(hw: HardwareProfile, nbytes: float, src: int, dst: int) -> float:
 
 
 def stage_transfer_time(hw: HardwareProfile, nbytes: float, src: int, dst: int, replicas: int = 1,
-                        stages: int = 2) -> float:
+                        stages: int = 2, action_s: float | None = None) -> float:
     """Seconds for a pipeline stage's message from global rank ``src`` to ``dst``.
 
     On a measured machine, what the pipelining runtime adds to a message beyond its link
@@ -137,13 +137,13 @@ def stage_transfer_time(hw: HardwareProfile, nbytes: float, src: int, dst: int, 
     of it; the point-to-point fit alone left 2-stage pipelines 35-42% under their measure.)
     ``replicas`` pipelines side by side take the probe run on every worker at once where it
     was measured, and a pipeline over every worker the probe run that way
-    (``HardwareProfile.runtime_of``). Without a probe (a cluster file): the
-    point-to-point fit.
+    (``HardwareProfile.runtime_of``), as it cost over stages whose actions took ``action_s``.
+    Without a probe (a cluster file): the point-to-point fit.
     """
     if src == dst or nbytes <= 0:
         return 0.0
     link = transfer_time(hw, nbytes, src, dst)
-    runtime = hw.runtime_of(replicas, stages)
+    runtime = hw.runtime_of(replicas, stages, action_s)
     if runtime.hop_s is None:
         return link
     probe_bytes = (hw.points.get("pipeline") or {}).get("message_bytes", 0)

@@ -188,6 +188,17 @@ def _rms_of(sizes, times, cuts) -> float:
     return math.sqrt(_sum_of_squares(sizes, times, cuts) / len(sizes))
 
 
+def held_interpolation(points, x: float) -> float:
+    """Piecewise-linear y at ``x`` through ``points`` ((x, y) pairs, sorted by x), held at the
+    first and last y outside them: a measured curve is not extrapolated."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
+    return points[-1][1]
+
+
 def default_sizes(max_bytes: int = 64 * 2**20) -> list[int]:
     """Powers of four from 16 bytes up to ``max_bytes``."""
     sizes, n = [], 16

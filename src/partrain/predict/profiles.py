@@ -18,7 +18,7 @@ from typing import NamedTuple, Union, get_args, get_origin, get_type_hints
 
 from partrain.atomic import write_atomic
 from partrain.errors import PartrainError
-from partrain.predict.fits import CostFit
+from partrain.predict.fits import CostFit, held_interpolation
 
 
 class JsonProfile:
@@ -83,7 +83,8 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
 # 12: across nodes of several workers, the collectives over the whole world too (``profile.hardware._tier_plans``)
 # 13: with 3 or more workers, the probe also runs as one pipeline over all of them (``pipeline_world``)
 # 14: a sweep's point slower than a larger message's is timed again (``profile.collectives.sweep``)
-MEASUREMENT = 14
+# 15: the pipeline over all workers is probed again over stages that compute (``pipeline_world_loaded``)
+MEASUREMENT = 15
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
 # 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.
@@ -140,20 +141,24 @@ class HardwareProfile(JsonProfile):
     # (pipeline_step_s, pipeline_hop_s) of one pipeline with a stage on every worker (``runtime_of``);
     # None where not measured (fewer than 3 workers, a cluster file)
     pipeline_world: tuple[float, float] | None = None
+    # that pipeline's (seconds of a stage's action, pipeline_hop_s) as its stages compute more, the
+    # first its probe's; empty where not measured (``step_probes.measure_world_pipeline``)
+    pipeline_world_loaded: tuple[tuple[float, float], ...] = ()
 
     @property
     def stale(self) -> bool:
         """Measured by an earlier method than this partrain's (``MEASUREMENT``)."""
         return self.source.startswith("measured") and self.method < MEASUREMENT  # "measured across 2 emulated nodes ..." too
 
-    def runtime_of(self, replicas: int, stages: int = 2) -> PipelineRuntime:
+    def runtime_of(self, replicas: int, stages: int = 2, action_s: float | None = None) -> PipelineRuntime:
         """The pipelining runtime's costs for a plan with ``replicas`` pipelines of ``stages`` ranks
-        side by side.
+        side by side, whose stages' actions take ``action_s`` each on average (alone).
 
         A single pipeline with a stage on every worker of the profile takes the probe run that
         way (``pipeline_world``): the probe beside busy workers put 7.1 ms a step and 0.48 ms a
         message on 4-stage pipelines over 4 workers on 2 cores, whose steps of small models were
-        then predicted 40-90% over their measure (issue 17's run51).
+        then predicted 40-90% over their measure (issue 17's run51). Its message costs what the
+        probe's did over stages that computed as long as the plan's (``pipeline_world_loaded``).
 
         One pipeline is timed by the probe on ranks 0 and 1 while the others keep a core busy.
         Replicas' pipelines pass messages at once, and where the workers outnumber the cores
@@ -162,7 +167,10 @@ class HardwareProfile(JsonProfile):
         18: the mlp's pp2 x dp2 was 30-50% under). Where that was measured
         (``pipeline_side_by_side``), replicas take it."""
         if replicas == 1 and stages == self.nodes * self.workers_per_node and self.pipeline_world is not None:
-            return PipelineRuntime(*self.pipeline_world, (0, 1), side_by_side=True)
+            step, hop = self.pipeline_world
+            if self.pipeline_world_loaded and action_s is not None:
+                hop = held_interpolation(self.pipeline_world_loaded, action_s)
+            return PipelineRuntime(step, hop, (0, 1), side_by_side=True)
         if replicas > 1 and self.pipeline_side_by_side is not None:
             ranks = (self.points or {}).get("pipeline_side_by_side", {}).get("ranks", (0, 1))
             return PipelineRuntime(*self.pipeline_side_by_side, tuple(ranks), side_by_side=True)
@@ -206,6 +214,7 @@ class HardwareProfile(JsonProfile):
             "notes": self.notes, "points": self.points, "method": self.method, "other_load": self.other_load,
             "shared_cores": self.shared_cores,
             "pipeline_world": list(self.pipeline_world) if self.pipeline_world else None,
+            "pipeline_world_loaded": [list(p) for p in self.pipeline_world_loaded],
         }
 
     @classmethod
@@ -226,6 +235,7 @@ class HardwareProfile(JsonProfile):
             d.get("source", "measured"), list(d.get("notes", [])), d.get("points", {}), int(d.get("method", 1)),
             float(d.get("other_load", 0.0)), int(d.get("shared_cores", 0)),
             tuple(map(float, d["pipeline_world"])) if d.get("pipeline_world") else None,
+            tuple(tuple(map(float, p)) for p in d.get("pipeline_world_loaded", ())),
         )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -21,7 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from partrain.errors import PartrainError
 from partrain.predict.fits import CostFit, default_sizes, fit_cost, fit_excess
 from partrain.predict.machine import fingerprint as machine
-from partrain.predict.pipeline_sim import PipelineCosts, schedule_order, simulate
+from partrain.predict.pipeline_sim import PipelineCosts, no_sharing, schedule_order, simulate
 from partrain.predict.profiles import HardwareProfile
 from partrain.profile.collectives import background_load, measure_collectives, measure_link_alone
 from partrain.profile.step_probes import (
@@ -150,14 +151,16 @@ def fit_measurements(raw: dict) -> tuple[dict[str, CostFit], dict[str, dict[int,
     return links, collectives
 
 
-def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200) -> tuple[float, float]:
+def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200, slowdown=no_sharing,
+                         step_s: float | None = None) -> tuple[float, float]:
     """(per-step overhead, per-message latency) that make the pipeline simulation reproduce the
     measured two-stage probe, in least squares over both schedules and all micro-batch counts.
 
     The per-step overhead adds to every simulated step alike, so for each latency on a grid
-    up to half the slowest probe step its best value is the mean residual; the latency with
-    the smallest squared error wins. Absolute errors weigh the runs with more micro-batches,
-    where messages cost the most, as in real schedules.
+    up to half the slowest probe step its best value is the mean residual (or ``step_s``, where
+    given); the latency with the smallest squared error wins. Absolute errors weigh the runs
+    with more micro-batches, where messages cost the most, as in real schedules. ``slowdown``
+    shares the cores between stages computing at once, as the predictor's simulation does.
     """
     n = len(probe["stage_s"])  # stages, one per rank
     fwd, bwd = (tuple(stage[i] + action_s for stage in probe["stage_s"]) for i in (0, 1))
@@ -165,13 +168,41 @@ def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200) -> tuple
 
     def fit(hop: float) -> tuple[float, float, float]:
         costs = PipelineCosts(fwd, bwd, (hop,) * (n - 1) + (0.0,), (0.0,) + (hop,) * (n - 1))
-        residual = [m - simulate(schedule_order(p["schedule"], n, p["microbatches"]), costs).step_s
+        residual = [m - simulate(schedule_order(p["schedule"], n, p["microbatches"]), costs, slowdown).step_s
                     for m, p in zip(measured, probe["steps"])]
-        step = max(0.0, sum(residual) / len(residual))
+        step = max(0.0, sum(residual) / len(residual)) if step_s is None else step_s
         return sum((r - step) ** 2 for r in residual), step, hop
 
     _, step, hop = min(fit(max(measured) / 2 * i / grid) for i in range(grid + 1))
     return step, hop
+
+
+def fit_loaded_world(hw: HardwareProfile, threads: int = 1) -> tuple[tuple[float, float], ...]:
+    """(seconds of a stage's action, message latency) of the pipeline over every worker, from
+    ``measure_world_pipeline``'s probes kept in ``hw.points``: the first as fitted
+    (``hw.pipeline_world``), each loaded one fitted with that step overhead and the cores shared
+    as the predictor shares them for such a plan of ``threads`` per worker. Each latency is
+    taken back to the first probe's message size (the probe's link time, which
+    ``predict.comm.stage_transfer_time`` replaces with a message's own). Empty where not probed."""
+    from partrain.predict.comm import transfer_time
+    from partrain.predict.plan import Plan
+    from partrain.predict.prediction import environment
+
+    if hw.pipeline_world is None or "pipeline_world" not in hw.points:
+        return ()
+    probes = [hw.points["pipeline_world"], *hw.points.get("pipeline_world_loaded", [])]
+    n, step = len(probes[0]["stage_s"]), hw.pipeline_world[0]
+    env = environment(hw, Plan("gpipe", n, n, pp=n, microbatches=n, schedule="gpipe", threads=threads))
+    sharing = lambda k: env.sharing_slowdown(k / env.nodes_used)  # noqa: E731  (as ``pipeline.simulate_plan``)
+    link = lambda probe: transfer_time(hw, probe["message_bytes"], 0, 1)  # noqa: E731
+    out = []
+    for i, probe in enumerate(probes):
+        action = sum(f + b for f, b in probe["stage_s"]) / (2 * n) + hw.pipeline_action_s
+        hop = hw.pipeline_world[1] if i == 0 else max(0.0, (
+            fit_pipeline_runtime(probe, hw.pipeline_action_s, slowdown=sharing, step_s=step)[1]
+            - link(probe) + link(probes[0])))
+        out.append((action, hop))
+    return tuple(sorted(out))
 
 
 def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dict[int, float]]:
@@ -224,14 +255,14 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         others = others_share(before, cpu_seconds(), time.perf_counter() - started)  # the workers are waited-for children
     links, collectives = fit_measurements(raw)
     step_s, hop_s = fit_pipeline_runtime(raw["pipeline_probe"], raw["pipeline_action_s"])
-    side, world = raw.get("pipeline_side_by_side"), raw.get("pipeline_world")
+    side, world = raw.get("pipeline_side_by_side"), raw.get("pipeline_world") or []
     side_by_side = fit_pipeline_runtime(side, raw["pipeline_action_s"]) if side else None
-    world_pipeline = fit_pipeline_runtime(world, raw["pipeline_action_s"]) if world else None
+    world_pipeline = fit_pipeline_runtime(world[0], raw["pipeline_action_s"]) if world else None
     here = machine()
     sharing, sync = fit_compute_sharing(raw["compute_sharing"], here.cpu_cores)
     local = raw["local_world_size"]
     cuda = raw["backend"] == "nccl"
-    return HardwareProfile(
+    hw = HardwareProfile(
         fingerprint=here.hash,
         description=here.describe(),
         backend=raw["backend"],
@@ -256,5 +287,7 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
                                       "pipeline": raw["pipeline_probe"], "compute_sharing": raw["compute_sharing"],
                                       "link_alone": raw["link_alone"],
                                       **({"pipeline_side_by_side": side} if side else {}),
-                                      **({"pipeline_world": world} if world else {})})),
+                                      **({"pipeline_world": world[0], "pipeline_world_loaded": world[1:]}
+                                         if world else {})})),
     )
+    return replace(hw, pipeline_world_loaded=fit_loaded_world(hw, threads))

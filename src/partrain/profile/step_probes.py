@@ -72,7 +72,7 @@ def _median_of(run, repeats: int = 50) -> float:
 
 
 def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[int, ...] = (4, 8), rounds: int = 9,
-                         steps: int = 10, stages: int = 2) -> dict:
+                         steps: int = 10, stages: int = 2, rows: int = 2, depth: int = 1) -> dict:
     """Step times of a real pipeline of ``stages`` ranks (0 and 1 by default) over tiny stages, per schedule and
     micro-batch count, with each stage's plain forward and backward: what a message between
     stages costs inside the runtime (waking a waiting worker included), which a ping-pong
@@ -85,14 +85,19 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
     then fitted a per-step overhead of 0.0 to 8.6 ms in 11 profiles of three placements; the
     median of nine rounds of 10 read 6.2-6.9 ms in four runs, in a third of the time. (An
     episode longer than most of the rounds still shows: one of nine link profiles in a
-    benchmark.) The ranks of ``group`` (``stages`` of them) call this; rank 0 gets the result.
+    benchmark.) Each stage is ``depth`` linear layers of ``width`` over micro-batches of ``rows``
+    (the defaults compute almost nothing; ``measure_world_pipeline`` also loads them). Each
+    stage's forward and backward are timed alone, one rank after another: the simulation that
+    fits the probe shares the cores itself. The ranks of ``group`` (``stages`` of them) call
+    this; rank 0 gets the result.
     """
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     rank, last = dist.get_rank(group), stages - 1
-    module = (nn.Sequential(nn.Linear(width, width), nn.ReLU()) if rank < last else nn.Linear(width, 10)).to(device)
-    x = torch.randn(2, width, device=device)
-    y = torch.randint(0, 10, (2,), device=device)
+    layers = [layer for _ in range(depth) for layer in (nn.Linear(width, width), nn.ReLU())]
+    module = nn.Sequential(*(layers if rank < last else [*layers[:-2], nn.Linear(width, 10)])).to(device)
+    x = torch.randn(rows, width, device=device)
+    y = torch.randint(0, 10, (rows,), device=device)
     runs = []
     for cls, name in ((ScheduleGPipe, "gpipe"), (Schedule1F1B, "1f1b")):
         for m in microbatches:
@@ -111,27 +116,48 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
             samples.append(_median_of(run, repeats=steps))
     timed = [{**key, "step_s": statistics.median(samples), "rounds_s": samples} for key, _, samples in runs]
     inp = x.requires_grad_(rank > 0)
-    grad = torch.ones(2, width, device=device)
+    grad = torch.ones(rows, width, device=device)
 
     def forward_backward():  # the last stage's backward starts from the loss
         out = module(inp)
         (F.cross_entropy(out, y) if rank == last else out).backward(None if rank == last else grad)
 
-    fwd = _median_of(lambda: module(inp))
-    bwd = max(0.0, _median_of(forward_backward) - fwd)
+    for turn in range(stages):  # alone: the others wait in the barrier
+        dist.barrier(group)
+        if turn == rank:
+            fwd = _median_of(lambda: module(inp))
+            bwd = max(0.0, _median_of(forward_backward) - fwd)
+    dist.barrier(group)
     stage_s = [None] * stages
     dist.all_gather_object(stage_s, (fwd, bwd), group=group)
-    return {"steps": timed, "stage_s": stage_s, "message_bytes": 2 * width * 4}
+    return {"steps": timed, "stage_s": stage_s, "message_bytes": rows * width * 4}
 
 
-def measure_world_pipeline(device, **probe) -> dict:
+# (micro-batch rows, width, layers) of the world probe's loaded stages: a forward and backward
+# of about 0.2, 0.5 and 1.5 ms a micro-batch on a 2-core VM's core
+WORLD_LOADS = ((16, 256, 2), (32, 512, 2), (64, 512, 3))
+
+
+def measure_world_pipeline(device, loads=WORLD_LOADS) -> list[dict]:
     """``measure_pipeline_hops`` as one pipeline over every worker (a stage per rank), as a plan
     with as many stages as workers runs: each stage waits in its bubble and is woken by its
     neighbour while the others compute or wait too. The two-stage probe beside busy workers
     is not that: on a 2-core VM (issue 17's run51), 4-stage pipelines of 8 micro-batches on 4
-    workers ran 23-35 ms a step where its costs predicted 42-47. Every rank calls this; rank 0
-    gets the result."""
-    return measure_pipeline_hops(dist.group.WORLD, device, stages=dist.get_world_size(), **probe)
+    workers ran 23-35 ms a step where its costs predicted 42-47.
+
+    First over stages that compute almost nothing, then over each of ``loads`` (8 micro-batches,
+    fewer rounds). Where workers outnumber the cores, a message costs more the more its
+    stages compute: a woken stage waits for a core that another stage holds. Over 4 workers
+    on 2 cores, the fitted hop read 0.82, 1.17, 1.91 and 2.57 ms for stages of 0.05, 0.19,
+    0.49 and 1.45 ms a micro-batch; issue 17's 4-stage cells, 17-37% under their measure with
+    the first alone, needed about as much for their own stages' times (gpt at batch 32: 2.0).
+    Every rank calls this; rank 0 gets the list."""
+    stages = dist.get_world_size()
+    probes = [measure_pipeline_hops(dist.group.WORLD, device, stages=stages)]
+    for rows, width, depth in loads:
+        probes.append(measure_pipeline_hops(dist.group.WORLD, device, width=width, microbatches=(8,), rounds=5,
+                                            steps=5, stages=stages, rows=rows, depth=depth))
+    return probes
 
 
 def measure_pipelines_side_by_side(device, **probe) -> dict:
