@@ -18,7 +18,7 @@ def side_by_side(rounds: int, steps: int) -> dict:
     torch.set_num_threads(1)
     init_process_group(info, "gloo", timeout_s=120)
     try:
-        return measure_pipelines_side_by_side(torch.device("cpu"), rounds=rounds, steps=steps)
+        return measure_pipelines_side_by_side(torch.device("cpu"), loads=((8, 64, 1),), rounds=rounds, steps=steps)
     finally:
         leave_process_group()
 

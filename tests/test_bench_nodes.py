@@ -25,7 +25,7 @@ from partrain.predict.plan import Plan
 from partrain.predict.profiles import HardwareProfile
 from partrain.predict.predictor import predict_plan
 from partrain.profile.cache import hardware_across
-from partrain.profile.hardware import fit_loaded_world
+from partrain.profile.hardware import fit_loaded
 from partrain.testing import netns
 from partrain.validate_recommend import recommendation_outcomes
 from partrain.validate_nodes import link_rates, validate_across_nodes
@@ -140,8 +140,8 @@ def test_emulated_nodes_fit_their_loaded_pipeline_probe_on_the_cores_they_share(
     stages = [(1e-3, 2e-3)] * 4
     probes = [simulated_world_probe([(1e-5, 2e-5)] * 4, 4e-4, 0.0, 0.0, shared),
               simulated_world_probe(stages, 1.5e-3, 0.0, 0.0, shared)]
-    hw = dataclasses.replace(hw, points={"pipeline_world": probes[0], "pipeline_world_loaded": probes[1:]})
-    alone = fit_loaded_world(hw)
+    hw = dataclasses.replace(hw, points={"pipeline_world": {**probes[0], "loaded": probes[1:]}})
+    alone = fit_loaded(hw, "pipeline_world")
     assert alone[1][1] > 2e-3  # each node's own core: the sharing is taken for messages
     fitted = bench_nodes.shares_cores(hw, 4, 2).pipeline_world_loaded
     assert fitted[0] == alone[0] and fitted[1] == (pytest.approx(1.5e-3), pytest.approx(1.5e-3, rel=0.05))

@@ -384,31 +384,33 @@ def test_pipeline_runtime_fit_recovers_its_constants(n):
     assert fitted_step == pytest.approx(step, rel=0.2)  # added to every step alike: close, not exact (it can overlap idle time)
 
 
-def test_the_world_pipeline_probed_over_loaded_stages_gives_each_load_its_own_hop(cluster):
-    """``measure_world_pipeline``'s probes over stages that compute more: each fitted, with the
-    probe's step cost and the cores shared as the predictor shares them (4 workers on 2 cores),
-    to the hop its simulation was given, taken back to the first probe's message size; and
-    paired with its stages' mean action time."""
-    from partrain.profile.hardware import fit_loaded_world
-
+@pytest.mark.parametrize("key, pp, ranks", [("pipeline_world", 4, (0, 1)), ("pipeline_side_by_side", 2, (0, 2))])
+def test_a_pipeline_probed_over_loaded_stages_gives_each_load_its_own_hop(cluster, key, pp, ranks):
+    """A probe over stages that compute more (one pipeline over 4 workers, or a 2-stage one per
+    pair of them at once): each fitted, with the probe's step cost and the cores shared as the
+    predictor shares them (4 workers on 2 cores), to the hop its simulation was given, taken
+    back to the first probe's message size; and paired with its stages' mean action time."""
+    from partrain.profile.hardware import fit_loaded
     from tests.probe_worker import simulated_world_probe
 
-    action, step, n = 4e-5, 3e-4, 4
-    hw = dataclasses.replace(cluster, nodes=1, workers_per_node=n, cores_per_node=2, compute_sharing={}, sync_s={},
-                             compute_speed=1.0, pipeline_action_s=action, pipeline_world=(step, 4e-4))
-    link = lambda nbytes: transfer_time(hw, nbytes, 0, 1)  # noqa: E731
-    slowdown = lambda k: compute.contention(k, cores=2)  # noqa: E731
+    action, step, dp = 4e-5, 3e-4, 4 // pp
+    hw = dataclasses.replace(cluster, nodes=1, workers_per_node=4, cores_per_node=2, compute_sharing={}, sync_s={},
+                             compute_speed=1.0, pipeline_action_s=action, **{key: (step, 4e-4)})
+    link = lambda nbytes: transfer_time(hw, nbytes, *ranks)  # noqa: E731
+    slowdown = lambda k: compute.contention(k * dp, cores=2)  # noqa: E731  (the other pipelines compute alike)
     loads = [(1e-5, 4e-4, 512), (2e-4, 9e-4, 2**14), (1e-3, 2.4e-3, 2**17)]  # (stage compute, hop, message bytes)
-    probes = [simulated_world_probe([(t, 2 * t), (t * 1.2, 2 * t), (t, 2.4 * t), (t * 0.8, t)],
-                                    hop - link(512) + link(nbytes), step, action, slowdown, nbytes)  # its own link time
+    shapes = [(1.0, 2.0), (1.2, 2.0), (1.0, 2.4), (0.8, 1.0)][:pp]
+    probes = [simulated_world_probe([(t * f, t * b) for f, b in shapes], hop - link(512) + link(nbytes), step, action,
+                                    slowdown, nbytes)  # the hop with its own message's link time
               for t, hop, nbytes in loads]
-    hw = dataclasses.replace(hw, points={"pipeline_world": probes[0], "pipeline_world_loaded": probes[1:]})
-    fitted = fit_loaded_world(hw)
-    assert fitted[0] == (pytest.approx(sum(f + b for f, b in probes[0]["stage_s"]) / 8 + action), 4e-4)
+    hw = dataclasses.replace(hw, points={key: {**probes[0], "ranks": list(ranks), "loaded": probes[1:]}})
+    fitted = fit_loaded(hw, key)
+    mean_action = lambda probe: sum(f + b for f, b in probe["stage_s"]) / (2 * pp) + action  # noqa: E731
+    assert fitted[0] == (pytest.approx(mean_action(probes[0])), 4e-4)
     for (got_action, got_hop), probe, (_, hop, _) in zip(fitted[1:], probes[1:], loads[1:]):
-        assert got_action == pytest.approx(sum(f + b for f, b in probe["stage_s"]) / 8 + action)
+        assert got_action == pytest.approx(mean_action(probe))
         assert got_hop == pytest.approx(hop, rel=0.05)
-    assert fit_loaded_world(dataclasses.replace(hw, pipeline_world=None)) == ()  # no probe over every worker
+    assert fit_loaded(dataclasses.replace(hw, **{key: None}), key) == ()  # not probed
 
 
 def test_processor_sharing_slows_concurrent_compute():
@@ -673,10 +675,13 @@ def test_replicas_pipelines_pay_the_probe_timed_on_every_worker_at_once(mlp_prof
     assert HardwareProfile.from_dict(json.loads(json.dumps(world.to_dict()))) == world
     # probed over stages that compute more: the hop of stages that take as long as the plan's, held
     # at the ends of what was probed; no action time, or another plan, keeps what it had
-    loaded = dataclasses.replace(world, pipeline_world_loaded=((1e-4, 5e-4), (1e-3, 2.3e-3)))
+    loaded = dataclasses.replace(world, pipeline_world_loaded=((1e-4, 5e-4), (1e-3, 2.3e-3)),
+                                 pipeline_side_by_side_loaded=((1e-4, 2e-3), (2e-4, 3e-3)))
     assert loaded.runtime_of(1, 4, 5.5e-4) == (0.004, pytest.approx(1.4e-3), (0, 1), True)
     assert loaded.runtime_of(1, 4, 1e-5).hop_s == 5e-4 and loaded.runtime_of(1, 4, 0.1).hop_s == 2.3e-3
+    assert loaded.runtime_of(2, 2, 1.5e-4) == (0.010, pytest.approx(2.5e-3), (0, 2), True)
     assert loaded.runtime_of(1, 4) == world.runtime_of(1, 4) and loaded.runtime_of(2, 2) == side.runtime_of(2)
+    assert loaded.runtime_of(1, 2, 1e-3) == one.runtime_of(1)  # the two-stage probe: no loaded runs
     assert stage_transfer_time(loaded, 1e5, 1, 2, 1, 4, 5.5e-4) == pytest.approx(
         1.4e-3 - transfer_time(loaded, 512, 0, 1) + transfer_time(loaded, 1e5, 1, 2))
     assert HardwareProfile.from_dict(json.loads(json.dumps(loaded.to_dict()))) == loaded

@@ -20,7 +20,7 @@ from partrain.profile.cache import load_or_profile
 from partrain.profile.collectives import sweep
 from partrain.profile.hardware import fit_measurements, group_sizes, profile_hardware
 from partrain.profile.model import profile_model
-from partrain.profile.step_probes import WORLD_LOADS
+from partrain.profile.step_probes import LOADS
 
 
 @pytest.fixture(scope="module")
@@ -305,6 +305,10 @@ def test_the_side_by_side_probe_runs_a_pipeline_on_every_pair_of_halves_at_once(
         assert sorted((s["schedule"], s["microbatches"]) for s in steps) == [("1f1b", 4), ("1f1b", 8), ("gpipe", 4), ("gpipe", 8)]
         assert all(len(s["rounds_s"]) == 3 and s["step_s"] == statistics.median(s["rounds_s"]) > 0 for s in steps)
         assert len(probe["stage_s"]) == 2 and all(f > 0 and b > 0 for f, b in probe["stage_s"])
+        # then over stages that compute: 8 micro-batches of 8 rows, one linear layer of 64 (the helper's load)
+        (loaded,) = probe["loaded"]
+        assert sorted((s["schedule"], s["microbatches"]) for s in loaded["steps"]) == [("1f1b", 8), ("gpipe", 8)]
+        assert loaded["message_bytes"] == 8 * 64 * 4 and len(loaded["stage_s"]) == 2
 
 
 @pytest.mark.slow
@@ -323,13 +327,13 @@ def test_a_hardware_profile_of_3_workers_fits_the_pipeline_over_all_of_them(tmp_
     assert step_s >= 0.0 and 0.0 <= hop_s <= max(s["step_s"] for s in steps)
     assert hw.runtime_of(1, 3) == (step_s, hop_s, (0, 1), True)
     # then over stages that compute more: 8 micro-batches, 5 rounds, stages that take longer each time
-    loaded = hw.points["pipeline_world_loaded"]
-    assert [p["message_bytes"] for p in loaded] == [rows * width * 4 for rows, width, _ in WORLD_LOADS]
+    loaded = probe["loaded"]
+    assert [p["message_bytes"] for p in loaded] == [rows * width * 4 for rows, width, _ in LOADS]
     for probe in loaded:
         assert sorted((s["schedule"], s["microbatches"]) for s in probe["steps"]) == [("1f1b", 8), ("gpipe", 8)]
         assert all(len(s["rounds_s"]) == 5 and s["step_s"] > 0 for s in probe["steps"])
     actions = [a for a, _ in hw.pipeline_world_loaded]
-    assert len(actions) == len(WORLD_LOADS) + 1 and actions == sorted(actions) and actions[0] < actions[-1] / 10
+    assert len(actions) == len(LOADS) + 1 and actions == sorted(actions) and actions[0] < actions[-1] / 10
     assert hw.pipeline_world_loaded[0] == (pytest.approx(actions[0]), hop_s)
     assert all(h >= 0.0 for _, h in hw.pipeline_world_loaded)
     assert hw.runtime_of(1, 3, actions[-1] * 2).hop_s == hw.pipeline_world_loaded[-1][1]

@@ -30,7 +30,7 @@ from partrain.distributed.spawn import child_env
 from partrain.errors import PartrainError
 from partrain.predict.profiles import HardwareProfile
 from partrain.profile.cache import hardware_across, hardware_for, hardware_path, profile_dir
-from partrain.profile.hardware import fit_loaded_world
+from partrain.profile.hardware import fit_loads
 from partrain.testing import netns
 from partrain.testing.netns import EmulatedNodes, Link, torchrun_across
 
@@ -131,5 +131,4 @@ def shares_cores(hardware: HardwareProfile, nodes: int, cores: int, machine_sync
                            if k * nodes in machine_sync}
     hardware.source = (f"measured across {nodes} emulated nodes sharing {cores} cores ({hardware.cores_per_node} "
                        "per node for threads)")
-    hardware.pipeline_world_loaded = fit_loaded_world(hardware)  # fitted again on the cores now shared
-    return hardware
+    return fit_loads(hardware)  # the pipeline probes' loaded runs fitted again on the cores now shared

@@ -66,7 +66,8 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     # per stage, (bytes, from, to) of the message it sends on: none (0 bytes) past either end
     ahead = [(out[s], rank(s), rank(s + 1)) if s < n - 1 else (0.0, 0, 0) for s in range(n)]
     back = [(out[s - 1], rank(s), rank(s - 1)) if s > 0 else (0.0, 0, 0) for s in range(n)]
-    # a message costs more the longer its stages compute, where a woken stage waits for a core
+    # with more workers than cores, a message between stages costs more the longer they compute
+    # (measured: ``HardwareProfile.pipeline_world_loaded``); the stages' mean action picks it
     action_s = sum(fwd + bwd) / (2 * n)
     send_fwd, send_bwd = (tuple(stage_transfer_time(hw, *msg, plan.dp, plan.pp, action_s) for msg in msgs)
                           for msgs in (ahead, back))

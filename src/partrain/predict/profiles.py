@@ -83,7 +83,7 @@ def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
 # 12: across nodes of several workers, the collectives over the whole world too (``profile.hardware._tier_plans``)
 # 13: with 3 or more workers, the probe also runs as one pipeline over all of them (``pipeline_world``)
 # 14: a sweep's point slower than a larger message's is timed again (``profile.collectives.sweep``)
-# 15: the pipeline over all workers is probed again over stages that compute (``pipeline_world_loaded``)
+# 15: the pipeline probes over all workers run again over stages that compute (``*_loaded``)
 MEASUREMENT = 15
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
@@ -141,9 +141,10 @@ class HardwareProfile(JsonProfile):
     # (pipeline_step_s, pipeline_hop_s) of one pipeline with a stage on every worker (``runtime_of``);
     # None where not measured (fewer than 3 workers, a cluster file)
     pipeline_world: tuple[float, float] | None = None
-    # that pipeline's (seconds of a stage's action, pipeline_hop_s) as its stages compute more, the
-    # first its probe's; empty where not measured (``step_probes.measure_world_pipeline``)
+    # each probe's (seconds of a stage's action, pipeline_hop_s) as its stages compute more, the first
+    # its own; empty where not measured (``profile.hardware.fit_loaded``)
     pipeline_world_loaded: tuple[tuple[float, float], ...] = ()
+    pipeline_side_by_side_loaded: tuple[tuple[float, float], ...] = ()
 
     @property
     def stale(self) -> bool:
@@ -157,23 +158,26 @@ class HardwareProfile(JsonProfile):
         A single pipeline with a stage on every worker of the profile takes the probe run that
         way (``pipeline_world``): the probe beside busy workers put 7.1 ms a step and 0.48 ms a
         message on 4-stage pipelines over 4 workers on 2 cores, whose steps of small models were
-        then predicted 40-90% over their measure (issue 17's run51). Its message costs what the
-        probe's did over stages that computed as long as the plan's (``pipeline_world_loaded``).
+        then predicted 40-90% over their measure (issue 17's run51).
 
         One pipeline is timed by the probe on ranks 0 and 1 while the others keep a core busy.
         Replicas' pipelines pass messages at once, and where the workers outnumber the cores
         every hop waits for one: 2-stage 1F1B over 4 micro-batches read 15.4-16.0 ms a step as
         two pipelines on 4 workers on 2 cores, 4.7-9.1 ms as one beside two busy workers (issue
         18: the mlp's pp2 x dp2 was 30-50% under). Where that was measured
-        (``pipeline_side_by_side``), replicas take it."""
+        (``pipeline_side_by_side``), replicas take it.
+
+        Either probe's message costs what it cost over stages that computed as long as the
+        plan's (``*_loaded``, held at its ends), where that was measured and ``action_s`` given."""
+        def probed(fitted: tuple[float, float], loaded, ranks) -> PipelineRuntime:
+            hop = held_interpolation(loaded, action_s) if loaded and action_s is not None else fitted[1]
+            return PipelineRuntime(fitted[0], hop, tuple(ranks), side_by_side=True)
+
         if replicas == 1 and stages == self.nodes * self.workers_per_node and self.pipeline_world is not None:
-            step, hop = self.pipeline_world
-            if self.pipeline_world_loaded and action_s is not None:
-                hop = held_interpolation(self.pipeline_world_loaded, action_s)
-            return PipelineRuntime(step, hop, (0, 1), side_by_side=True)
+            return probed(self.pipeline_world, self.pipeline_world_loaded, (0, 1))
         if replicas > 1 and self.pipeline_side_by_side is not None:
             ranks = (self.points or {}).get("pipeline_side_by_side", {}).get("ranks", (0, 1))
-            return PipelineRuntime(*self.pipeline_side_by_side, tuple(ranks), side_by_side=True)
+            return probed(self.pipeline_side_by_side, self.pipeline_side_by_side_loaded, ranks)
         return PipelineRuntime(self.pipeline_step_s, self.pipeline_hop_s, (0, 1), side_by_side=False)
 
     def link_rate(self, tier: str) -> float | None:
@@ -215,6 +219,7 @@ class HardwareProfile(JsonProfile):
             "shared_cores": self.shared_cores,
             "pipeline_world": list(self.pipeline_world) if self.pipeline_world else None,
             "pipeline_world_loaded": [list(p) for p in self.pipeline_world_loaded],
+            "pipeline_side_by_side_loaded": [list(p) for p in self.pipeline_side_by_side_loaded],
         }
 
     @classmethod
@@ -236,6 +241,7 @@ class HardwareProfile(JsonProfile):
             float(d.get("other_load", 0.0)), int(d.get("shared_cores", 0)),
             tuple(map(float, d["pipeline_world"])) if d.get("pipeline_world") else None,
             tuple(tuple(map(float, p)) for p in d.get("pipeline_world_loaded", ())),
+            tuple(tuple(map(float, p)) for p in d.get("pipeline_side_by_side_loaded", ())),
         )
 
 

@@ -177,32 +177,39 @@ def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200, slowdown
     return step, hop
 
 
-def fit_loaded_world(hw: HardwareProfile, threads: int = 1) -> tuple[tuple[float, float], ...]:
-    """(seconds of a stage's action, message latency) of the pipeline over every worker, from
-    ``measure_world_pipeline``'s probes kept in ``hw.points``: the first as fitted
-    (``hw.pipeline_world``), each loaded one fitted with that step overhead and the cores shared
-    as the predictor shares them for such a plan of ``threads`` per worker. Each latency is
-    taken back to the first probe's message size (the probe's link time, which
-    ``predict.comm.stage_transfer_time`` replaces with a message's own). Empty where not probed."""
+def fit_loaded(hw: HardwareProfile, key: str, threads: int = 1) -> tuple[tuple[float, float], ...]:
+    """(seconds of a stage's action, message latency) of the probe ``hw.points[key]``
+    (``"pipeline_world"``, one pipeline over every worker, or ``"pipeline_side_by_side"``, a
+    2-stage one per pair of workers at once) as its stages compute more: first its own, as
+    fitted (``hw.pipeline_world``, ``hw.pipeline_side_by_side``), then each of its ``"loaded"``
+    probes fitted with that step overhead and the cores shared as the predictor shares them
+    for such a plan of ``threads`` per worker. Each latency is taken back to the first probe's
+    message size (the probe's link time, which ``predict.comm.stage_transfer_time`` replaces
+    with a message's own). Empty where not probed."""
     from partrain.predict.comm import transfer_time
     from partrain.predict.plan import Plan
     from partrain.predict.prediction import environment
 
-    if hw.pipeline_world is None or "pipeline_world" not in hw.points:
+    fitted, probe = getattr(hw, key), hw.points.get(key)
+    if fitted is None or not probe:
         return ()
-    probes = [hw.points["pipeline_world"], *hw.points.get("pipeline_world_loaded", [])]
-    n, step = len(probes[0]["stage_s"]), hw.pipeline_world[0]
-    env = environment(hw, Plan("gpipe", n, n, pp=n, microbatches=n, schedule="gpipe", threads=threads))
-    sharing = lambda k: env.sharing_slowdown(k / env.nodes_used)  # noqa: E731  (as ``pipeline.simulate_plan``)
-    link = lambda probe: transfer_time(hw, probe["message_bytes"], 0, 1)  # noqa: E731
-    out = []
-    for i, probe in enumerate(probes):
-        action = sum(f + b for f, b in probe["stage_s"]) / (2 * n) + hw.pipeline_action_s
-        hop = hw.pipeline_world[1] if i == 0 else max(0.0, (
-            fit_pipeline_runtime(probe, hw.pipeline_action_s, slowdown=sharing, step_s=step)[1]
-            - link(probe) + link(probes[0])))
-        out.append((action, hop))
+    pp = len(probe["stage_s"])
+    dp = hw.nodes * hw.workers_per_node // pp  # the pipelines the probe ran side by side
+    env = environment(hw, Plan("hybrid", pp * dp, pp * dp, pp=pp, dp=dp, microbatches=8, threads=threads))
+    sharing = lambda k: env.sharing_slowdown(k * dp / env.nodes_used)  # noqa: E731  (as ``pipeline.simulate_plan``)
+    link = lambda p: transfer_time(hw, p["message_bytes"], *probe.get("ranks", (0, 1)))  # noqa: E731
+    action = lambda p: sum(f + b for f, b in p["stage_s"]) / (2 * pp) + hw.pipeline_action_s  # noqa: E731
+    out = [(action(probe), fitted[1])]
+    for loaded in probe.get("loaded", []):
+        hop = fit_pipeline_runtime(loaded, hw.pipeline_action_s, slowdown=sharing, step_s=fitted[0])[1]
+        out.append((action(loaded), max(0.0, hop - link(loaded) + link(probe))))
     return tuple(sorted(out))
+
+
+def fit_loads(hw: HardwareProfile, threads: int = 1) -> HardwareProfile:
+    """``hw`` with both probes' ``fit_loaded`` curves."""
+    return replace(hw, pipeline_world_loaded=fit_loaded(hw, "pipeline_world", threads),
+                   pipeline_side_by_side_loaded=fit_loaded(hw, "pipeline_side_by_side", threads))
 
 
 def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dict[int, float]]:
@@ -255,9 +262,9 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         others = others_share(before, cpu_seconds(), time.perf_counter() - started)  # the workers are waited-for children
     links, collectives = fit_measurements(raw)
     step_s, hop_s = fit_pipeline_runtime(raw["pipeline_probe"], raw["pipeline_action_s"])
-    side, world = raw.get("pipeline_side_by_side"), raw.get("pipeline_world") or []
+    side, world = raw.get("pipeline_side_by_side"), raw.get("pipeline_world")
     side_by_side = fit_pipeline_runtime(side, raw["pipeline_action_s"]) if side else None
-    world_pipeline = fit_pipeline_runtime(world[0], raw["pipeline_action_s"]) if world else None
+    world_pipeline = fit_pipeline_runtime(world, raw["pipeline_action_s"]) if world else None
     here = machine()
     sharing, sync = fit_compute_sharing(raw["compute_sharing"], here.cpu_cores)
     local = raw["local_world_size"]
@@ -287,7 +294,6 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
                                       "pipeline": raw["pipeline_probe"], "compute_sharing": raw["compute_sharing"],
                                       "link_alone": raw["link_alone"],
                                       **({"pipeline_side_by_side": side} if side else {}),
-                                      **({"pipeline_world": world[0], "pipeline_world_loaded": world[1:]}
-                                         if world else {})})),
+                                      **({"pipeline_world": world} if world else {})})),
     )
-    return replace(hw, pipeline_world_loaded=fit_loaded_world(hw, threads))
+    return fit_loads(hw, threads)

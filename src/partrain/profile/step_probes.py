@@ -133,42 +133,48 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
     return {"steps": timed, "stage_s": stage_s, "message_bytes": rows * width * 4}
 
 
-# (micro-batch rows, width, layers) of the world probe's loaded stages: a forward and backward
-# of about 0.2, 0.5 and 1.5 ms a micro-batch on a 2-core VM's core
-WORLD_LOADS = ((16, 256, 2), (32, 512, 2), (64, 512, 3))
+# (micro-batch rows, width, layers) of the probes' loaded stages: a forward and backward of
+# about 0.2, 0.5 and 1.5 ms a micro-batch on a 2-core VM's core
+LOADS = ((16, 256, 2), (32, 512, 2), (64, 512, 3))
 
 
-def measure_world_pipeline(device, loads=WORLD_LOADS) -> list[dict]:
+def _with_loads(group, device, stages: int, loads, **probe) -> dict:
+    """``measure_pipeline_hops`` over stages that compute almost nothing, then again (8
+    micro-batches, fewer rounds) over each of ``loads``, kept as its ``"loaded"`` list.
+
+    Where workers outnumber the cores, a message between stages costs more the more they
+    compute, which the first probe's idle stages never show: over 4 workers on 2 cores, one
+    pipeline over all of them fitted 0.82, 1.17, 1.91 and 2.57 ms a message for stages of
+    0.05, 0.19, 0.49 and 1.45 ms a micro-batch, and issue 17's 4-stage cells, 17-37% under
+    their measure with the first alone, needed about as much for their own stages' times
+    (gpt at batch 32: 2.0). Taken as waiting for a core in the simulation, it changed nothing:
+    the heaviest probe's steps (95-98 ms) left the 2 cores half idle (93 ms of compute)."""
+    out = measure_pipeline_hops(group, device, stages=stages, **probe)
+    out["loaded"] = [measure_pipeline_hops(group, device, width=width, microbatches=(8,), rounds=5, steps=5,
+                                           stages=stages, rows=rows, depth=depth) for rows, width, depth in loads]
+    return out
+
+
+def measure_world_pipeline(device, loads=LOADS, **probe) -> dict:
     """``measure_pipeline_hops`` as one pipeline over every worker (a stage per rank), as a plan
     with as many stages as workers runs: each stage waits in its bubble and is woken by its
     neighbour while the others compute or wait too. The two-stage probe beside busy workers
     is not that: on a 2-core VM (issue 17's run51), 4-stage pipelines of 8 micro-batches on 4
-    workers ran 23-35 ms a step where its costs predicted 42-47.
-
-    First over stages that compute almost nothing, then over each of ``loads`` (8 micro-batches,
-    fewer rounds). Where workers outnumber the cores, a message costs more the more its
-    stages compute: a woken stage waits for a core that another stage holds. Over 4 workers
-    on 2 cores, the fitted hop read 0.82, 1.17, 1.91 and 2.57 ms for stages of 0.05, 0.19,
-    0.49 and 1.45 ms a micro-batch; issue 17's 4-stage cells, 17-37% under their measure with
-    the first alone, needed about as much for their own stages' times (gpt at batch 32: 2.0).
-    Every rank calls this; rank 0 gets the list."""
-    stages = dist.get_world_size()
-    probes = [measure_pipeline_hops(dist.group.WORLD, device, stages=stages)]
-    for rows, width, depth in loads:
-        probes.append(measure_pipeline_hops(dist.group.WORLD, device, width=width, microbatches=(8,), rounds=5,
-                                            steps=5, stages=stages, rows=rows, depth=depth))
-    return probes
+    workers ran 23-35 ms a step where its costs predicted 42-47. Also over stages that compute
+    (``_with_loads``). Every rank calls this; rank 0 gets the result."""
+    return _with_loads(dist.group.WORLD, device, dist.get_world_size(), loads, **probe)
 
 
-def measure_pipelines_side_by_side(device, **probe) -> dict:
+def measure_pipelines_side_by_side(device, loads=LOADS, **probe) -> dict:
     """``measure_pipeline_hops`` on every worker at once, as a hybrid's replicas run: rank i
     with rank i + world/2 (stage s of replica d is rank s * dp + d), each pair its own
-    pipeline. Every rank calls this and gets its own pair's probe, its "ranks" named."""
+    pipeline, also over stages that compute (``_with_loads``). Every rank calls this and gets
+    its own pair's probe, its "ranks" named."""
     world, rank = dist.get_world_size(), dist.get_rank()
     half = world // 2
     pairs = [dist.new_group([i, i + half]) for i in range(half)]  # every rank creates every group
     mine = [rank % half, rank % half + half]
-    return {**measure_pipeline_hops(pairs[rank % half], device, **probe), "ranks": mine}
+    return {**_with_loads(pairs[rank % half], device, 2, loads, **probe), "ranks": mine}
 
 
 def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int = 20, window_s: float = 0.3,
