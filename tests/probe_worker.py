@@ -23,13 +23,18 @@ def side_by_side(rounds: int, steps: int) -> dict:
         leave_process_group()
 
 
-def simulated_world_probe(stage_s, hop: float, step: float, action: float, slowdown, nbytes: int = 512) -> dict:
+def simulated_world_probe(stage_s, hop: float, step: float, action: float, slowdown, nbytes: int = 512,
+                          links=None) -> dict:
     """``measure_world_pipeline``'s record of one load, its step times the simulation's: stages
-    of ``stage_s`` (forward, backward) plus the runtime's ``action`` each, ``hop`` a message,
-    ``step`` a step, the cores shared by ``slowdown``; 8 micro-batches of both schedules."""
+    of ``stage_s`` (forward, backward) plus the runtime's ``action`` each, ``hop`` a message
+    (plus, per stage, ``links``' seconds ahead and back, with their wire times), ``step`` a
+    step, the cores shared by ``slowdown``; 8 micro-batches of both schedules."""
     n = len(stage_s)
+    ahead, back, wire_ahead, wire_back = links or ((0.0,) * n, (0.0,) * n, (), ())
     costs = PipelineCosts(tuple(f + action for f, _ in stage_s), tuple(b + action for _, b in stage_s),
-                          (hop,) * (n - 1) + (0.0,), (0.0,) + (hop,) * (n - 1), after=((StepWork("runtime", step),),) * n)
+                          tuple(hop + t if s < n - 1 else 0.0 for s, t in enumerate(ahead)),
+                          tuple(hop + t if s > 0 else 0.0 for s, t in enumerate(back)),
+                          after=((StepWork("runtime", step),),) * n, wire_fwd=tuple(wire_ahead), wire_bwd=tuple(wire_back))
     return {"stage_s": [list(s) for s in stage_s], "message_bytes": nbytes, "steps": [
         {"schedule": s, "microbatches": 8, "step_s": simulate(schedule_order(s, n, 8), costs, slowdown).step_s}
         for s in ("gpipe", "1f1b")]}

@@ -384,26 +384,38 @@ def test_pipeline_runtime_fit_recovers_its_constants(n):
     assert fitted_step == pytest.approx(step, rel=0.2)  # added to every step alike: close, not exact (it can overlap idle time)
 
 
-@pytest.mark.parametrize("key, pp, ranks", [("pipeline_world", 4, (0, 1)), ("pipeline_side_by_side", 2, (0, 2))])
-def test_a_pipeline_probed_over_loaded_stages_gives_each_load_its_own_hop(cluster, key, pp, ranks):
-    """A probe over stages that compute more (one pipeline over 4 workers, or a 2-stage one per
-    pair of them at once): each fitted, with the probe's step cost and the cores shared as the
-    predictor shares them (4 workers on 2 cores), to the hop its simulation was given, taken
-    back to the first probe's message size; and paired with its stages' mean action time."""
+@pytest.mark.parametrize("key, pp, nodes, ranks", [("pipeline_world", 4, 1, (0, 1, 2, 3)), ("pipeline_world", 4, 2, (0, 1, 2, 3)),
+                                                   ("pipeline_side_by_side", 2, 1, (0, 2))])
+def test_a_pipeline_probed_over_loaded_stages_gives_each_load_its_own_hop(cluster, key, pp, nodes, ranks):
+    """A probe over stages that compute more (one pipeline over 4 workers, on one node or two,
+    or a 2-stage one per pair of them at once): each fitted, with the probe's step cost and the
+    cores shared as the predictor shares them (4 workers on 2 cores a node), to the hop its
+    simulation was given, each message paying besides its own link's time for its bytes less
+    the first probe's (over two nodes the middle one crosses the slower link); and paired with
+    its stages' mean action time."""
+    from partrain.predict.comm import wire_time
     from partrain.profile.hardware import fit_loaded
     from tests.probe_worker import simulated_world_probe
 
     action, step, dp = 4e-5, 3e-4, 4 // pp
-    hw = dataclasses.replace(cluster, nodes=1, workers_per_node=4, cores_per_node=2, compute_sharing={}, sync_s={},
-                             compute_speed=1.0, pipeline_action_s=action, **{key: (step, 4e-4)})
-    link = lambda nbytes: transfer_time(hw, nbytes, *ranks)  # noqa: E731
-    slowdown = lambda k: compute.contention(k * dp, cores=2)  # noqa: E731  (the other pipelines compute alike)
+    hw = dataclasses.replace(cluster, nodes=nodes, workers_per_node=4 // nodes, cores_per_node=2, compute_sharing={},
+                             sync_s={}, compute_speed=1.0, pipeline_action_s=action, **{key: (step, 4e-4)})
+    slowdown = lambda k: compute.contention(k * dp / nodes, cores=2)  # noqa: E731  (the other pipelines compute alike)
+
+    def links(nbytes):  # per stage, ahead and back: the link's time beyond the first probe's, and on the wire
+        hops = [[(nbytes, ranks[s], ranks[s + d]) if 0 <= s + d < pp else None for s in range(pp)] for d in (1, -1)]
+        first = transfer_time(hw, 512, ranks[0], ranks[1])
+        return (*([transfer_time(hw, *m) - first if m else 0.0 for m in msgs] for msgs in hops),
+                *([wire_time(hw, *m) if m else 0.0 for m in msgs] for msgs in hops))
+
     loads = [(1e-5, 4e-4, 512), (2e-4, 9e-4, 2**14), (1e-3, 2.4e-3, 2**17)]  # (stage compute, hop, message bytes)
     shapes = [(1.0, 2.0), (1.2, 2.0), (1.0, 2.4), (0.8, 1.0)][:pp]
-    probes = [simulated_world_probe([(t * f, t * b) for f, b in shapes], hop - link(512) + link(nbytes), step, action,
-                                    slowdown, nbytes)  # the hop with its own message's link time
+    probes = [simulated_world_probe([(t * f, t * b) for f, b in shapes], hop, step, action, slowdown, nbytes, links(nbytes))
               for t, hop, nbytes in loads]
-    hw = dataclasses.replace(hw, points={key: {**probes[0], "ranks": list(ranks), "loaded": probes[1:]}})
+    if nodes == 2:  # the middle message crosses the inter-node link, slower than the others'
+        assert links(2**17)[0][1] > 10 * links(2**17)[0][0] > 0
+    named = {"ranks": list(ranks)} if key == "pipeline_side_by_side" else {}  # the pair's; the world's are its stages'
+    hw = dataclasses.replace(hw, points={key: {**probes[0], **named, "loaded": probes[1:]}})
     fitted = fit_loaded(hw, key)
     mean_action = lambda probe: sum(f + b for f, b in probe["stage_s"]) / (2 * pp) + action  # noqa: E731
     assert fitted[0] == (pytest.approx(mean_action(probes[0])), 4e-4)

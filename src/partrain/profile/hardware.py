@@ -152,7 +152,7 @@ def fit_measurements(raw: dict) -> tuple[dict[str, CostFit], dict[str, dict[int,
 
 
 def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200, slowdown=no_sharing,
-                         step_s: float | None = None) -> tuple[float, float]:
+                         step_s: float | None = None, links=None) -> tuple[float, float]:
     """(per-step overhead, per-message latency) that make the pipeline simulation reproduce the
     measured two-stage probe, in least squares over both schedules and all micro-batch counts.
 
@@ -160,14 +160,19 @@ def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200, slowdown
     up to half the slowest probe step its best value is the mean residual (or ``step_s``, where
     given); the latency with the smallest squared error wins. Absolute errors weigh the runs
     with more micro-batches, where messages cost the most, as in real schedules. ``slowdown``
-    shares the cores between stages computing at once, as the predictor's simulation does.
+    shares the cores between stages computing at once, as the predictor's simulation does;
+    ``links`` (``PipelineCosts``' send_fwd, send_bwd, wire_fwd, wire_bwd) adds each message's
+    own link time to the latency, and holds its connection, as the predictor's costs do.
     """
     n = len(probe["stage_s"])  # stages, one per rank
     fwd, bwd = (tuple(stage[i] + action_s for stage in probe["stage_s"]) for i in (0, 1))
     measured = [p["step_s"] for p in probe["steps"]]
+    link_fwd, link_bwd, wire_fwd, wire_bwd = links or ((0.0,) * n, (0.0,) * n, (), ())
 
     def fit(hop: float) -> tuple[float, float, float]:
-        costs = PipelineCosts(fwd, bwd, (hop,) * (n - 1) + (0.0,), (0.0,) + (hop,) * (n - 1))
+        costs = PipelineCosts(fwd, bwd, tuple(max(0.0, hop + t) if s < n - 1 else 0.0 for s, t in enumerate(link_fwd)),
+                              tuple(max(0.0, hop + t) if s > 0 else 0.0 for s, t in enumerate(link_bwd)),
+                              wire_fwd=tuple(wire_fwd), wire_bwd=tuple(wire_bwd))
         residual = [m - simulate(schedule_order(p["schedule"], n, p["microbatches"]), costs, slowdown).step_s
                     for m, p in zip(measured, probe["steps"])]
         step = max(0.0, sum(residual) / len(residual)) if step_s is None else step_s
@@ -183,10 +188,13 @@ def fit_loaded(hw: HardwareProfile, key: str, threads: int = 1) -> tuple[tuple[f
     2-stage one per pair of workers at once) as its stages compute more: first its own, as
     fitted (``hw.pipeline_world``, ``hw.pipeline_side_by_side``), then each of its ``"loaded"``
     probes fitted with that step overhead and the cores shared as the predictor shares them
-    for such a plan of ``threads`` per worker. Each latency is taken back to the first probe's
-    message size (the probe's link time, which ``predict.comm.stage_transfer_time`` replaces
-    with a message's own). Empty where not probed."""
-    from partrain.predict.comm import transfer_time
+    for such a plan of ``threads`` per worker. A loaded probe's message is, as
+    ``predict.comm.stage_transfer_time`` makes it, the latency fitted plus its own link's time
+    for its bytes less the first probe's link time (across 2x2 emulated nodes the middle
+    message crosses the slow link: 128 KiB took 11 ms at 100 Mbit/s, which a latency shared by
+    every message put on all three, and the cnn's 4-stage pipelines were predicted 27-39% over).
+    Empty where not probed."""
+    from partrain.predict.comm import transfer_time, wire_time
     from partrain.predict.plan import Plan
     from partrain.predict.prediction import environment
 
@@ -197,13 +205,21 @@ def fit_loaded(hw: HardwareProfile, key: str, threads: int = 1) -> tuple[tuple[f
     dp = hw.nodes * hw.workers_per_node // pp  # the pipelines the probe ran side by side
     env = environment(hw, Plan("hybrid", pp * dp, pp * dp, pp=pp, dp=dp, microbatches=8, threads=threads))
     sharing = lambda k: env.sharing_slowdown(k * dp / env.nodes_used)  # noqa: E731  (as ``pipeline.simulate_plan``)
-    link = lambda p: transfer_time(hw, p["message_bytes"], *probe.get("ranks", (0, 1)))  # noqa: E731
+    rank = probe.get("ranks") or list(range(pp))  # stage s's global rank
+    first = transfer_time(hw, probe["message_bytes"], rank[0], rank[1])  # held in the fitted latency
+
+    def links(p: dict) -> tuple:
+        """Per stage, ahead and back: its message's link time beyond ``first``, and its time on the wire."""
+        ahead = [(p["message_bytes"], rank[s], rank[s + 1]) if s < pp - 1 else None for s in range(pp)]
+        back = [(p["message_bytes"], rank[s], rank[s - 1]) if s > 0 else None for s in range(pp)]
+        beyond = lambda msgs: [transfer_time(hw, *m) - first if m else 0.0 for m in msgs]  # noqa: E731
+        wire = lambda msgs: [wire_time(hw, *m) if m else 0.0 for m in msgs]  # noqa: E731
+        return beyond(ahead), beyond(back), wire(ahead), wire(back)
+
     action = lambda p: sum(f + b for f, b in p["stage_s"]) / (2 * pp) + hw.pipeline_action_s  # noqa: E731
-    out = [(action(probe), fitted[1])]
-    for loaded in probe.get("loaded", []):
-        hop = fit_pipeline_runtime(loaded, hw.pipeline_action_s, slowdown=sharing, step_s=fitted[0])[1]
-        out.append((action(loaded), max(0.0, hop - link(loaded) + link(probe))))
-    return tuple(sorted(out))
+    return tuple(sorted([(action(probe), fitted[1])] + [
+        (action(p), fit_pipeline_runtime(p, hw.pipeline_action_s, slowdown=sharing, step_s=fitted[0], links=links(p))[1])
+        for p in probe.get("loaded", [])]))
 
 
 def fit_loads(hw: HardwareProfile, threads: int = 1) -> HardwareProfile:
