@@ -86,10 +86,10 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
     median of nine rounds of 10 read 6.2-6.9 ms in four runs, in a third of the time. (An
     episode longer than most of the rounds still shows: one of nine link profiles in a
     benchmark.) Each stage is ``depth`` linear layers of ``width`` over micro-batches of ``rows``
-    (the defaults compute almost nothing; ``measure_world_pipeline`` also loads them). Each
-    stage's forward and backward are timed alone, one rank after another: the simulation that
-    fits the probe shares the cores itself. The ranks of ``group`` (``stages`` of them) call
-    this; rank 0 gets the result.
+    (the defaults compute almost nothing; ``_with_loads`` also loads them). Each stage's
+    forward and backward are timed one rank of ``group`` after another, the others waiting: the
+    simulation that fits the probe shares the cores itself. The ranks of ``group`` (``stages``
+    of them) call this; rank 0 gets the result.
     """
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
