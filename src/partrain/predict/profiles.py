@@ -3,65 +3,18 @@
 A ``ModelProfile`` is what one worker measured about a model, block by block and per batch
 size; a ``HardwareProfile`` what the predictor knows about the machines: nodes, workers,
 memory, and fitted collective costs per link tier. ``profile/`` measures them with torch
-and writes them; this module only reads and writes JSON, so the cost model never loads torch.
+and writes them; this module and ``profile_json`` only read and write JSON, so the cost
+model never loads torch.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import types
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
-from typing import NamedTuple, Union, get_args, get_origin, get_type_hints
+from typing import NamedTuple
 
-from partrain.atomic import write_atomic
-from partrain.errors import PartrainError
 from partrain.predict.fits import CostFit, held_interpolation
-
-
-class JsonProfile:
-    """Saving and loading for a profile dataclass with ``to_dict`` and ``from_dict``."""
-
-    kind = "profile"  # named in the error when a file cannot be read
-
-    def save(self, path: str | os.PathLike) -> Path:
-        return write_json(Path(path), self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike):
-        """Read a profile; one that is unreadable or holds a number no measurement gives (NaN,
-        an infinity, a negative time or size) is refused rather than fed to the predictor."""
-        try:
-            raw = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as err:
-            raise PartrainError(f"{cls.kind} {path} is unreadable ({err}): delete it or profile again") from None
-        if bad := first_invalid_number(raw):
-            where, value = bad
-            raise PartrainError(f"{cls.kind} {path} holds {value} at {where}, which no measurement gives: "
-                                "delete it or profile again")
-        try:
-            return cls.from_dict(raw)
-        except (ValueError, KeyError, TypeError) as err:
-            raise PartrainError(f"{cls.kind} {path} is unreadable ({err}): delete it or profile again") from None
-
-
-def first_invalid_number(value, where: str = "") -> tuple[str, float] | None:
-    """The first number in a parsed profile that is not finite and >= 0 (where, value), else None.
-    Every figure a profile holds is a time, a size, a count or a ratio, none of them negative."""
-    if isinstance(value, dict):
-        items = value.items()
-    elif isinstance(value, list):
-        items = enumerate(value)
-    else:
-        if isinstance(value, int | float) and not isinstance(value, bool) and not (math.isfinite(value) and value >= 0):
-            return where or "the top", value
-        return None
-    for key, item in items:
-        if bad := first_invalid_number(item, f"{where}.{key}" if where else str(key)):
-            return bad
-    return None
+from partrain.predict.profile_json import JsonProfile, check_fields
 
 
 # How ``profile --hardware`` measures, numbered: a profile measured by an earlier method means
@@ -245,11 +198,6 @@ class HardwareProfile(JsonProfile):
         )
 
 
-def write_json(path: Path, data: dict) -> Path:
-    """Write atomically: a reader never sees half a profile."""
-    return write_atomic(path, json.dumps(data, indent=1))
-
-
 @dataclass
 class BlockProfile:
     """One block; list fields hold one value per ``ModelProfile.batch_sizes`` entry."""
@@ -350,11 +298,11 @@ class ModelProfile(JsonProfile):
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelProfile:
-        _check_fields(cls, d, "")
+        check_fields(cls, d, "")
         if not isinstance(d["blocks"], list) or not d["blocks"]:
             raise ValueError("blocks: no block measured")
         for i, b in enumerate(d["blocks"]):
-            _check_fields(BlockProfile, b, f"blocks.{i}.")
+            check_fields(BlockProfile, b, f"blocks.{i}.")
         per_batch = {k: d[k] for k in _PER_BATCH if k in _MEASURED_ALWAYS or d.get(k)} | {
             f"blocks.{i}.{k}": b[k] for i, b in enumerate(d["blocks"]) for k in _BLOCK_PER_BATCH}
         for where, values in per_batch.items():  # what the predictor interpolates between batch sizes
@@ -373,39 +321,6 @@ class ModelProfile(JsonProfile):
 _PER_BATCH = ("loss_s", "data_s", "train_peak_rss_bytes", "train_peak_reserved_bytes", "loop_s")
 _MEASURED_ALWAYS = ("loss_s", "data_s", "train_peak_rss_bytes")  # the others are empty where not measured
 _BLOCK_PER_BATCH = ("fwd_s", "bwd_s", "out_bytes", "saved_bytes", "flops")
-
-
-def _check_fields(cls, raw, where: str) -> None:
-    """Raise ValueError naming the first field of ``raw`` (a ``cls`` as JSON) whose value is not
-    of its declared type: a hand-edited profile is refused, not fed to the arithmetic (a time
-    that is a string once stopped `predict` with a TypeError)."""
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where.rstrip('.') or 'the top'} is not an object")
-    hints = get_type_hints(cls)
-    for f in fields(cls):
-        if f.name in raw and f.name != "blocks" and not _conforms(raw[f.name], hints[f.name]):
-            raise ValueError(f"{where}{f.name} holds {raw[f.name]!r}, not {hints[f.name]}")
-
-
-def _conforms(value, hint) -> bool:
-    """``value`` as JSON gives it fits ``hint``: any number where a number is declared (JSON does
-    not keep 1.0 apart from 1), JSON's string keys where a dict has integer ones."""
-    origin, args = get_origin(hint), get_args(hint)
-    if hint in (int, float):
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint in (str, bool):
-        return isinstance(value, hint)
-    if origin in (Union, types.UnionType):
-        return any(_conforms(value, a) for a in args)
-    if hint is type(None):
-        return value is None
-    if hint in (list, dict):
-        return isinstance(value, hint)
-    if origin is list:
-        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(_conforms(v, args[1]) for v in value.values())
-    return True  # nothing else is declared in a model profile
 
 
 def busy_warning(profile: ModelProfile, threshold: float = 0.1) -> str | None:
