@@ -346,6 +346,22 @@ def test_generated_tokens_are_next_token_pairs_and_a_pure_function_of_the_index(
     assert not torch.equal(load_dataset("tokens@16", "train", seed=4).get(torch.tensor([5]))[0][0], x[0])
 
 
+@pytest.mark.parametrize("source", ["tokens@16", "text"])
+def test_token_data_held_on_a_device_gives_the_host_batches(tmp_path, source):
+    if source == "text":
+        (tmp_path / "t.txt").write_text("na\u00efve caf\u00e9 " * 400)
+        source = f"text:{tmp_path / 't.txt'}@8"
+    for split in ("train", "test"):
+        host = load_dataset(source, split)
+        held = host.to(torch.device("cpu"))  # what a GPU gets, made and indexed the same way
+        assert held is not host and held.device_bytes() == held._held.numel()
+        idx = torch.randperm(len(host), generator=torch.Generator().manual_seed(0))[:40]
+        for a, b in zip(host.get(idx), held.get(idx), strict=True):
+            assert b.dtype == torch.int64 and torch.equal(a, b)
+    with pytest.raises(IndexError):
+        held.get(torch.tensor([len(held)]))
+
+
 def test_text_file_gives_byte_windows_split_90_10(tmp_path):
     text = "na\u00efve caf\u00e9 " * 40  # UTF-8 with two-byte characters
     path = tmp_path / "t.txt"

@@ -5,11 +5,12 @@ Three paths, chosen once per dataset by ``Feed``:
 - CPU training: ``dataset.get(idx)``, as ever (nothing moves, nothing changes).
 - GPU, data that fits: the dataset is moved to the GPU once (``dataset.to(device)``: MNIST,
   CIFAR-10 or OCR letters, normalized there once; synthetic data's templates and noise
-  tiles, from which every batch is then generated there) and indexed there with indices
+  tiles, from which every batch is then generated there; token data's bytes, or every
+  generated window, as uint8) and indexed there with indices
   already on the GPU, so a batch costs a few kernels and no host round trip. "Fits" means
   at most ``DEVICE_SHARE`` of the GPU's free memory (MNIST takes 235 MB there, CIFAR-10
   768 MB: far below it on a GPU that trains them), leaving the rest to the model.
-- GPU, data that must stay on the host (token data, or a dataset too big): a prefetcher
+- GPU, data that must stay on the host (a dataset too big, or one that cannot move): a prefetcher
   (after NVIDIA's apex ``data_prefetcher``): each batch is copied into pinned memory and
   sent with a non-blocking copy on a side CUDA stream while the current step runs; the
   step's stream waits on an event for that copy only, never on the host.
