@@ -5,7 +5,8 @@
 
 For each configuration (model x dataset x batch x precision; 10 by default: cnn/mnist 64 and
 512 and resnet18/cifar10 64 and 256, each at fp32 and bf16, and resnet50/imagenet synthetic 128
-at fp32 and bf16; ``--only cnn,resnet18`` leaves the 8 of the first two models) it
+at fp32 and bf16; ``--only cnn,resnet18`` leaves the 8 of the first two models; ``--configs``
+names others, a user's model among them: ``gpt/tokens/32/fp32,tests.gallery:tokens3d/mnist/128/bf16``) it
 
 1. profiles and predicts: ``partrain predict --strategies serial --json`` at the
    configuration's precision, with one profile per (model, precision) covering its batch
@@ -87,6 +88,16 @@ def partrain(*argv: str, phases: bool = False) -> tuple[dict, float]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), wall
 
 
+def parse_configs(text: str) -> list[tuple[str, str, int, str]]:
+    """``"gpt/tokens/32/fp32,pkg.mod:factory/mnist/128/bf16"`` -> the configurations it names."""
+    configs = []
+    for item in filter(None, text.split(",")):
+        head, batch, precision = item.rsplit("/", 2)  # the model has no "/", a dataset (text:PATH) may
+        model, dataset = head.split("/", 1)
+        configs.append((model, dataset, int(batch), precision))
+    return configs
+
+
 def has_data(dataset: str, data_dir: str | None) -> bool:
     sys.path.insert(0, str(SRC))
     from partrain.data import load_dataset
@@ -141,10 +152,11 @@ def measure_one(model, dataset, batch, precision, covering, profile_dir, profile
 
 def report(rows: list[Row], profile_s: float, device: str) -> dict:
     print(f"\nserial on {device}: predicted against measured")
-    print(f"{'model/dataset':<20} {'batch':>5} {'prec':>5} {'pred ms':>9} {'meas ms':>9} {'err':>7} "
+    w = max(20, *(len(f"{r.model}/{r.dataset}") for r in rows))
+    print(f"{'model/dataset':<{w}} {'batch':>5} {'prec':>5} {'pred ms':>9} {'meas ms':>9} {'err':>7} "
           f"{'pred MiB':>9} {'meas MiB':>9} {'err':>7}")
     for r in rows:
-        print(f"{r.model + '/' + r.dataset:<20} {r.batch:>5} {r.precision:>5} {r.predicted_s * 1e3:>9.2f} "
+        print(f"{r.model + '/' + r.dataset:<{w}} {r.batch:>5} {r.precision:>5} {r.predicted_s * 1e3:>9.2f} "
               f"{r.measured_s * 1e3:>9.2f} {r.error:>+7.1%} {r.predicted_bytes / 2**20:>9.0f} "
               f"{r.measured_bytes / 2**20:>9.0f} {r.memory_error:>+7.1%}")
     mape = statistics.fmean(abs(r.error) for r in rows)
@@ -173,17 +185,21 @@ def main() -> None:
     parser.add_argument("--profile-dir", help="profile cache (default: a fresh temporary one: the profiles' cost counts)")
     parser.add_argument("--only", help="only the configurations whose model/dataset/batch/precision contains one of "
                                        "these comma-separated strings")
+    parser.add_argument("--configs", type=parse_configs, help="these comma-separated model/dataset/batch/precision "
+                                                               "configurations instead of the defaults")
     parser.add_argument("--allow-cpu", action="store_true", help="without a GPU: a tiny smoke on CPU (mlp, 2 configs)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     import torch
 
     if torch.cuda.is_available():
-        configs, device = GPU_CONFIGS, "cuda"
+        configs, device = args.configs or GPU_CONFIGS, "cuda"
         if args.only:
             configs = [c for c in configs if any(part in "/".join(map(str, c)) for part in args.only.split(","))]
     elif args.allow_cpu:
         configs, device, args.steps = CPU_CONFIGS, "cpu", min(args.steps, 20)
+        if args.configs:
+            configs = args.configs
     else:
         sys.exit("gpu_predict: no CUDA GPU here; run it on a GPU machine (or --allow-cpu for a smoke test)")
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
