@@ -25,7 +25,7 @@ from partrain.predict.cluster import load_cluster
 from partrain.predict.comm import collective_time, transfer_time
 from partrain.predict.compute import interpolate
 from partrain.predict.data_parallel import ddp_buckets, overlapped_allreduce
-from partrain.predict.fits import CostFit, Segment, default_sizes, fit_cost
+from partrain.predict.fits import CostFit, Segment, default_sizes, fit_cost, longest_increasing
 from partrain.predict.memory import optimizer_state_bytes, stage_state
 from partrain.predict.pipeline import stage_bounds
 from partrain.predict.pipeline_sim import (
@@ -112,6 +112,20 @@ def test_ddp_excess_is_robust_to_one_slow_sweep_point():
     assert fit_excess(sizes, over, plain) == (0.0, 0.0)
     fit = CostFit.line(1e-3, 1e9)
     assert fit.plus(latency, per_byte).time(2**20) == pytest.approx(fit.time(2**20) + latency + per_byte * 2**20)
+
+
+@pytest.mark.parametrize("xs, kept", [
+    ([0.05, 0.19, 0.49, 1.45], [0.05, 0.19, 0.49, 1.45]),  # as measured: every point, in order
+    ([1.6, 0.19, 0.49, 1.45], [0.19, 0.49, 1.45]),  # the idle probe slowed by another job: dropped, not sorted in
+    ([0.05, 0.19, 2.0, 1.45], [0.05, 0.19, 1.45]),  # one of two equally long runs: the one ending lower
+    ([0.05, 0.05, 0.3], [0.05, 0.3]),  # x must rise
+    ([], []),
+])
+def test_a_measured_curve_keeps_its_points_in_the_order_they_rise(xs, kept):
+    points = [(x, 10.0 * i) for i, x in enumerate(xs)]  # y tells the points apart
+    got = longest_increasing(points)
+    assert [x for x, _ in got] == kept
+    assert all(p in points for p in got) and [points.index(p) for p in got] == sorted(points.index(p) for p in got)
 
 
 def test_costfit_dict_round_trip():

@@ -332,9 +332,12 @@ def test_a_hardware_profile_of_3_workers_fits_the_pipeline_over_all_of_them(tmp_
     for probe in loaded:
         assert sorted((s["schedule"], s["microbatches"]) for s in probe["steps"]) == [("1f1b", 8), ("gpipe", 8)]
         assert all(len(s["rounds_s"]) == 5 and s["step_s"] > 0 for s in probe["steps"])
+    # in the order the probes ran, their stages' actions rising; a probe another job slowed out of
+    # place would be dropped (``fits.longest_increasing``), so all of them but one at the least
     actions = [a for a, _ in hw.pipeline_world_loaded]
-    assert len(actions) == len(LOADS) + 1 and actions == sorted(actions) and actions[0] < actions[-1] / 10
-    assert hw.pipeline_world_loaded[0] == (pytest.approx(actions[0]), hop_s)
+    assert len(actions) >= len(LOADS) and all(a < b for a, b in zip(actions, actions[1:]))
+    if len(actions) == len(LOADS) + 1:
+        assert hw.pipeline_world_loaded[0] == (pytest.approx(actions[0]), hop_s)
     assert all(h >= 0.0 for _, h in hw.pipeline_world_loaded)
     assert hw.runtime_of(1, 3, actions[-1] * 2).hop_s == hw.pipeline_world_loaded[-1][1]
     assert HardwareProfile.load(hw.save(tmp_path / "hw.json")) == hw

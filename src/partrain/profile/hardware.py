@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from partrain.errors import PartrainError
-from partrain.predict.fits import CostFit, default_sizes, fit_cost, fit_excess
+from partrain.predict.fits import CostFit, default_sizes, fit_cost, fit_excess, longest_increasing
 from partrain.predict.machine import fingerprint as machine
 from partrain.predict.pipeline_sim import PipelineCosts, no_sharing, schedule_order, simulate
 from partrain.predict.profiles import HardwareProfile
@@ -188,7 +188,9 @@ def fit_loaded(hw: HardwareProfile, key: str, threads: int = 1) -> tuple[tuple[f
     2-stage one per pair of workers at once) as its stages compute more: first its own, as
     fitted (``hw.pipeline_world``, ``hw.pipeline_side_by_side``), then each of its ``"loaded"``
     probes fitted with that step overhead and the cores shared as the predictor shares them
-    for such a plan of ``threads`` per worker. A loaded probe's message is, as
+    for such a plan of ``threads`` per worker, in the order they ran (their stages compute more
+    each time; one whose stages did not time longer is dropped: ``fits.longest_increasing``).
+    A loaded probe's message is, as
     ``predict.comm.stage_transfer_time`` makes it, the latency fitted plus its own link's time
     for its bytes less the first probe's link time (across 2x2 emulated nodes the middle
     message crosses the slow link: 128 KiB took 11 ms at 100 Mbit/s, which a latency shared by
@@ -217,9 +219,9 @@ def fit_loaded(hw: HardwareProfile, key: str, threads: int = 1) -> tuple[tuple[f
         return beyond(ahead), beyond(back), wire(ahead), wire(back)
 
     action = lambda p: sum(f + b for f, b in p["stage_s"]) / (2 * pp) + hw.pipeline_action_s  # noqa: E731
-    return tuple(sorted([(action(probe), fitted[1])] + [
+    return longest_increasing([(action(probe), fitted[1])] + [
         (action(p), fit_pipeline_runtime(p, hw.pipeline_action_s, slowdown=sharing, step_s=fitted[0], links=links(p))[1])
-        for p in probe.get("loaded", [])]))
+        for p in probe.get("loaded", [])])
 
 
 def fit_loads(hw: HardwareProfile, threads: int = 1) -> HardwareProfile:
