@@ -106,12 +106,14 @@ def remove_stale(directory: Path, ranks: int) -> None:
             path.unlink(missing_ok=True)
 
 
-def read_events(directory: str | Path) -> list[dict]:
+def read_events(directory: str | Path, metas: dict[int, dict] | None = None) -> list[dict]:
     """The events of rank 0's run from a run's event directory, ordered by start time.
 
     Files of ranks beyond rank 0's recorded world are an earlier run's and are left out; a rank
-    within it whose events do not overlap rank 0's in time is refused in one line."""
-    directory, metas = Path(directory), read_meta(directory)
+    within it whose events do not overlap rank 0's in time is refused in one line. ``metas``:
+    the directory's ``read_meta``, where the caller has read it already."""
+    directory = Path(directory)
+    metas = read_meta(directory) if metas is None else metas
     ranks = _ranks_of(metas.get(0, {}))
     by_rank: dict[int | None, list[dict]] = {}  # None: a rank*.jsonl of another name, read as before
     for path in sorted(directory.glob("rank*.jsonl")):  # not rank*.meta.json

@@ -89,7 +89,8 @@ def measured_timeline(directory: str | os.PathLike) -> Timeline:
     directory = Path(directory)
     if not directory.is_dir() or not any(directory.glob("rank*.jsonl")):
         raise PartrainError(f"no events in {directory}: record them with `partrain train ... --events {directory}`")
-    events, metas = read_events(directory), read_meta(directory)  # only rank 0's run's ranks
+    metas = read_meta(directory)
+    events = read_events(directory, metas)  # only rank 0's run's ranks
     if not events:  # every file left out as an earlier run's: rank 0's own recorded nothing
         raise PartrainError(f"no events of the last run in {directory}: record them with "
                             f"`partrain train ... --events {directory}`")
