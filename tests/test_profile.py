@@ -358,14 +358,9 @@ def test_hardware_profile_measures_every_collective(tmp_path):
     assert sorted((s["schedule"], s["microbatches"]) for s in steps) == [("1f1b", 4), ("1f1b", 8), ("gpipe", 4), ("gpipe", 8)]
     for s in steps:
         assert len(s["rounds_s"]) == 9 and s["step_s"] == statistics.median(s["rounds_s"]) > 0
-    # two workers: no replicas' pipelines to run side by side, and the one pipeline over both is the probe,
-    # also over stages that compute (a 2-stage plan's message costs what it cost over stages like its own)
+    # two workers: no replicas' pipelines to run side by side, and the one pipeline over both is the probe's own
     assert hw.pipeline_side_by_side is None and "pipeline_side_by_side" not in hw.points
-    world = hw.points["pipeline_world"]
-    assert hw.points["pipeline"] == {k: v for k, v in world.items() if k != "loaded"} and len(world["loaded"]) == len(LOADS)
-    assert hw.pipeline_world == (hw.pipeline_step_s, hw.pipeline_hop_s) and len(hw.pipeline_world_loaded) >= len(LOADS)
-    actions = [a for a, _ in hw.pipeline_world_loaded]
-    assert hw.runtime_of(1, 2, actions[-1]) == (hw.pipeline_step_s, hw.pipeline_world_loaded[-1][1], (0, 1), True)
+    assert hw.pipeline_world is None and "pipeline_world" not in hw.points
     # the link alone: its two largest messages, and the rate between them
     assert [n for n, _ in hw.points["link_alone"]["intra"]] == [2**18, 2**20]
     assert all(t > 0 for _, t in hw.points["link_alone"]["intra"])

@@ -37,8 +37,7 @@ from partrain.predict.profile_json import JsonProfile, check_fields
 # 13: with 3 or more workers, the probe also runs as one pipeline over all of them (``pipeline_world``)
 # 14: a sweep's point slower than a larger message's is timed again (``profile.collectives.sweep``)
 # 15: the pipeline probes over all workers run again over stages that compute (``*_loaded``)
-# 16: with 2 workers as well: their pipeline over both, also over stages that compute, is the probe
-MEASUREMENT = 16
+MEASUREMENT = 15
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
 # 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.
@@ -93,7 +92,7 @@ class HardwareProfile(JsonProfile):
     # compute contends machine-wide, busy workers of every node against these; 0: each node has its own
     shared_cores: int = 0
     # (pipeline_step_s, pipeline_hop_s) of one pipeline with a stage on every worker (``runtime_of``);
-    # None where not measured (one worker, a cluster file, a profile before MEASUREMENT 16 of 2 workers)
+    # None where not measured (fewer than 3 workers, a cluster file)
     pipeline_world: tuple[float, float] | None = None
     # each probe's (seconds of a stage's action, pipeline_hop_s) as its stages compute more, the first
     # its own; empty where not measured (``profile.hardware.fit_loaded``)

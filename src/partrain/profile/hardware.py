@@ -100,15 +100,10 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
         own, _ = dist.new_subgroups(group_size=1)  # a group of one per rank: DDP's world-of-one baseline
         out["pipeline_action_s"] = measure_pipeline_action(alone, device) if info.rank == 0 else 0.0
         dist.barrier()  # the others' background load below starts only after rank 0 timed the runtime alone
-        if info.world_size == 2:  # the pair is the world: one probe is both, also over stages that compute
-            say("a 2-stage pipeline over both workers, also over stages that compute")
-            out["pipeline_world"] = measure_world_pipeline(device)
-            out["pipeline_probe"] = {k: v for k, v in out["pipeline_world"].items() if k != "loaded"}
+        with background_load(info.rank not in (0, 1)):  # the job's other workers compute meanwhile
+            out["pipeline_probe"] = measure_pipeline_hops(pair, device) if info.rank in (0, 1) else None
             dist.barrier()
-        else:
-            with background_load(info.rank not in (0, 1)):  # the job's other workers compute meanwhile
-                out["pipeline_probe"] = measure_pipeline_hops(pair, device) if info.rank in (0, 1) else None
-                dist.barrier()
+        if info.world_size >= 3:
             say(f"a {info.world_size}-stage pipeline over every worker")
             out["pipeline_world"] = measure_world_pipeline(device)
             dist.barrier()
