@@ -197,9 +197,7 @@ def main() -> None:
         if args.only:
             configs = [c for c in configs if any(part in "/".join(map(str, c)) for part in args.only.split(","))]
     elif args.allow_cpu:
-        configs, device, args.steps = CPU_CONFIGS, "cpu", min(args.steps, 20)
-        if args.configs:
-            configs = args.configs
+        configs, device, args.steps = args.configs or CPU_CONFIGS, "cpu", min(args.steps, 20)
     else:
         sys.exit("gpu_predict: no CUDA GPU here; run it on a GPU machine (or --allow-cpu for a smoke test)")
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"

@@ -195,14 +195,14 @@ def longest_increasing(points: list[tuple[float, float]]) -> tuple[tuple[float, 
     sorted in among the others: the pipeline probe over idle stages once read 1.6 ms an
     action instead of about 0.05 while another job shared the machine, and sorted by x its
     hop stood for stages of 1.6 ms."""
+    if not points:
+        return ()
     length, prev = [], []
     for i, (x, _) in enumerate(points):
         before = [j for j in range(i) if points[j][0] < x]
         j = max(before, key=lambda j: (length[j], -points[j][0]), default=None)
         length.append(1 if j is None else length[j] + 1)
         prev.append(j)
-    if not points:
-        return ()
     i, out = max(range(len(points)), key=lambda i: (length[i], -points[i][0])), []
     while i is not None:
         out.append(points[i])
