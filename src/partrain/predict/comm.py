@@ -29,7 +29,7 @@ from partrain.predict.profiles import HardwareProfile
 
 def algorithm_factors(name: str, p: int) -> tuple[float, float]:
     """(latency steps, bytes per link as a multiple of n) of collective ``name`` on ``p`` ranks."""
-    if name in ("allreduce", "ddp_allreduce"):
+    if name == "allreduce":
         return 2 * (p - 1), 2 * (p - 1) / p
     if name in ("all_gather", "reduce_scatter"):
         return p - 1, (p - 1) / p

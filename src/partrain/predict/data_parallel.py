@@ -103,13 +103,14 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
 
 def _ddp_comm(profile: ModelProfile, hw: HardwareProfile, plan: Plan, ranks: list[int], bwd: list[float], slow: float) -> float:
     """Exposed bucket allreduce plus DDP's per-forward broadcast of module buffers (BatchNorm
-    statistics; ``broadcast_buffers=True`` by default). Buckets cost what the allreduce costs
-    as DDP drives it (``ddp_allreduce`` in the hardware profile; the plain one on a cluster file)."""
+    statistics; ``broadcast_buffers=True`` by default). A bucket costs the plain allreduce of
+    its bytes; DDP's work around it is the model profile's world of one (``profile.collectives``
+    says what a separate DDP probe measured instead, and why it went)."""
     buckets = ddp_buckets([blk.param_bytes for blk in profile.blocks], plan.bucket_mb * MB)
     backward = [t * slow for t in bwd]
     done_at = [sum(backward[i:]) for i in range(len(backward))]  # backward runs the blocks in reverse
     ready = [done_at[first] for _, first in buckets]
-    costs = [collective_time(hw, "ddp_allreduce", nbytes, ranks) for nbytes, _ in buckets]
+    costs = [collective_time(hw, "allreduce", nbytes, ranks) for nbytes, _ in buckets]
     exposed = overlapped_allreduce(ready, costs, sum(backward))
     buffer_bytes = sum(blk.buffer_bytes for blk in profile.blocks)
     return exposed + collective_time(hw, "broadcast", buffer_bytes, ranks)

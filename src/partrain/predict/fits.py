@@ -14,8 +14,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
-# ddp_allreduce and fsdp_unit: the collectives as DDP and fully_shard drive them (profile.collectives)
-COLLECTIVES = ("allreduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv", "ddp_allreduce", "fsdp_unit")
+# fsdp_unit: a fully_shard unit's collectives as FSDP drives them (profile.collectives)
+COLLECTIVES = ("allreduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv", "fsdp_unit")
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,6 @@ class CostFit:
                     float(r["seconds_per_byte"]))
             for r in rows
         ))
-
-    def plus(self, latency_s: float, seconds_per_byte: float) -> CostFit:
-        """This cost plus ``latency_s + n * seconds_per_byte`` at every size."""
-        return CostFit(tuple(Segment(s.upto_bytes, s.latency_s + latency_s, s.seconds_per_byte + seconds_per_byte)
-                             for s in self.segments))
 
     @classmethod
     def line(cls, latency_s: float, bandwidth: float) -> CostFit:
@@ -136,7 +131,7 @@ def fit_cost(sizes: list[float], times: list[float], tolerance: float = 0.1, max
     are ordered by size.
     """
     order = sorted(range(len(sizes)), key=lambda i: sizes[i])
-    # a difference of two timings (ddp_allreduce) can come out as zero: a nanosecond, not a division by zero
+    # a difference of two timings (fsdp_unit) can come out as zero: a nanosecond, not a division by zero
     sizes, times = [float(sizes[i]) for i in order], monotone([max(float(times[i]), 1e-9) for i in order])
     if len(sizes) < 2:
         raise ValueError("a latency/bandwidth fit needs at least two message sizes")
@@ -148,26 +143,6 @@ def fit_cost(sizes: list[float], times: list[float], tolerance: float = 0.1, max
     bounds = (0, *cuts, len(sizes))
     return CostFit(tuple(Segment(sizes[b - 1] if b < len(sizes) else math.inf, *fit_line(sizes[a:b], times[a:b]))
                          for a, b in zip(bounds, bounds[1:])))
-
-
-def fit_excess(sizes: list[float], base: list[float], over: list[float], small: float = 64 * 2**10,
-               large: float = 256 * 2**10) -> tuple[float, float]:
-    """(latency, seconds per byte) that the timings ``over`` add to ``base`` at the same sizes:
-    the latency is the median excess of the messages up to ``small`` bytes, the cost per byte
-    the median of the larger ones' (from ``large`` bytes) excess beyond it per byte; neither
-    below 0.
-
-    Medians, because each pair of timings is two draws: DDP's allreduce (``ddp_allreduce``)
-    over the plain one, swept a minute apart. A single slow spell in one sweep read a 1 MiB
-    bucket over 4 emulated nodes at 10 Gbit/s at 13.8 ms against the plain allreduce's 4.6,
-    with every other size within 20% of it, in two profiles; fitted on its own, the DDP curve
-    made the mlp's DDP step twice what it measured. The excess is DDP's own work: its hooks
-    and wait (a latency) and the copies into and out of the bucket (a cost per byte).
-    """
-    pairs = sorted(zip(sizes, base, over))
-    latency = statistics.median([o - b for n, b, o in pairs if n <= small] or [0.0])
-    per_byte = statistics.median([(o - b - max(0.0, latency)) / n for n, b, o in pairs if n >= large] or [0.0])
-    return max(0.0, latency), max(0.0, per_byte)
 
 
 def _cuts(n: int, m: int, least: int = 3, start: int = 0) -> list[tuple[int, ...]]:

@@ -83,7 +83,7 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
         before.append((StepWork("data", data),) if loads else ())
         grad_bytes = sum(profile.blocks[i].param_bytes for i in blocks)
         dp_ranks = [rank(stages[0]) + d for d in range(plan.dp)]
-        reduce = collective_time(hw, "ddp_allreduce", grad_bytes, dp_ranks)  # hybrid: replicas' gradients
+        reduce = collective_time(hw, "allreduce", grad_bytes, dp_ranks)  # hybrid: replicas' gradients
         reduce += env.sync_s if plan.dp > 1 else 0.0  # ... after the replicas computed side by side
         opt = compute.optimizer_time(profile, kind, blocks) / env.speed
         scale = sum(grad_pass[s] for s in stages) * 2 / 3 / env.speed if m > 1 else 0.0

@@ -37,6 +37,8 @@ from partrain.predict.profile_json import JsonProfile, check_fields
 # 13: with 3 or more workers, the probe also runs as one pipeline over all of them (``pipeline_world``)
 # 14: a sweep's point slower than a larger message's is timed again (``profile.collectives.sweep``)
 # 15: the pipeline probes over all workers run again over stages that compute (``*_loaded``)
+# (A profile of 2-15 may hold ``ddp_allreduce``, DDP's allreduce timed apart: no longer measured
+# nor read, every other figure the same, so such a profile stays valid; ``profile.collectives``.)
 MEASUREMENT = 15
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.

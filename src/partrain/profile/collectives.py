@@ -2,11 +2,16 @@
 
 ``measure_collectives`` runs in every worker of a process group (gloo on CPU, NCCL on
 GPUs) and times allreduce, all-gather, reduce-scatter, broadcast and a send/recv
-ping-pong over message sizes from 16 bytes to tens of megabytes, the allreduce once more as
-DDP drives it (``ddp_allreduce``: launched from the autograd hook, waited for at the end of
-backward, with DDP's bucket copies and bookkeeping), because on a CPU backend that costs
-measurably more than the bare collective, and a ``fully_shard`` unit's gathers and
-reduce-scatter as FSDP drives them (``fsdp_unit``), for the same reason.
+ping-pong over message sizes from 16 bytes to tens of megabytes, and a ``fully_shard``
+unit's gathers and reduce-scatter as FSDP drives them (``fsdp_unit``), because on a CPU
+backend that costs measurably more than the bare collectives.
+
+DDP's bucket allreduce is the plain one: DDP's own work around it (hooks, bucket copies) is
+in the model profile, measured with the model's own buckets on a world of one. (Until session
+56 the allreduce was timed once more as DDP drives it, and its excess over the plain one fitted
+from the two sweeps. On emulated nodes at 10 Gbit/s that excess read 0.7-2.3 ms for a 1 MiB
+bucket and predicted the mlp's DDP step 1.68x its local SGD's; measured, DDP over local SGD
+averaging every step was 0.98-0.99 in the median of 69 pairs of cells over three runs.)
 
 It runs inside a process group; its sweeps are fitted by the pure ``predict.fits``
 (latency + size / bandwidth), which the predictor reads. What a step pays besides the
@@ -24,7 +29,6 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel
 
 from partrain.predict.fits import COLLECTIVES
 
@@ -172,7 +176,7 @@ def measure_collectives(group, group_ranks: list[int], pair: tuple[int, int] | N
     The ranks of ``group_ranks`` run the collectives on ``group``; ranks outside it, if
     any, keep a core busy and join the barriers (``background_load``); ``pair`` runs the
     send/recv ping-pong (None: not timed, another group of the tier times it); ``alone`` is
-    this rank's group of one (``ddp_allreduce``'s baseline; ``dist.new_subgroups(group_size=1)``).
+    this rank's group of one (``fsdp_unit``'s baseline; ``dist.new_subgroups(group_size=1)``).
     A collective the backend lacks is skipped and named in the notes.
     """
     with background_load(dist.get_rank() not in group_ranks):
@@ -187,9 +191,6 @@ def _measure_collectives(group, group_ranks, pair, sizes, device, alone) -> tupl
         if name == "sendrecv":
             if pair is not None:
                 results[name] = sweep(lambda n: _timed(_ping_pong(n, *pair, device), repeats_for(n)) / 2, sizes)
-            continue
-        if name == "ddp_allreduce":
-            results[name] = [(n, _ddp_sync_cost(n, group, alone, inside, device)) for n in sizes]
             continue
         if name == "fsdp_unit":  # a unit's step costs 3 collectives and more: the fit carries it past 16 MiB
             results[name] = [(n, _fsdp_unit_cost(n, group, alone, inside, device)) for n in sizes if n <= 16 * 2**20]
@@ -240,23 +241,6 @@ def _excess_over_alone(wrap, numel: int, nbytes: int, group, alone, inside: bool
     one, many = (wrap(alone), wrap(group)) if inside else (None, None)
     base = _timed((lambda: step(one)) if inside else (lambda: None), repeats_for(nbytes))
     return max(0.0, _timed((lambda: step(many)) if inside else (lambda: None), repeats_for(nbytes)) - base)
-
-
-def _ddp_sync_cost(nbytes: int, group, alone, inside: bool, device) -> float:
-    """Seconds DDP on ``group`` adds to a forward + backward whose gradients (``nbytes``, one
-    bucket) are ready only when backward ends, over the same DDP step on a world of one
-    (``alone``): the allreduce it cannot hide, launched from the autograd hook and waited for
-    at the end of backward, and the bucket copies of a bucket that now crosses processes.
-
-    DDP's bookkeeping on a world of one (its hooks, the copies into and out of a bucket) is
-    not in it: the model profile measures that for the model itself (``world_of_one_s``),
-    with its own parameters and buckets, and the predictor adds it once. (Against the bare
-    module, on 2 idle gloo workers, this was 0.83-0.99 ms for a bucket of 16 B to 256 KB, of
-    which 0.14-0.24 ms was that world-of-one bookkeeping, counted twice.)"""
-    numel, cap = max(1, nbytes // 4), nbytes / 2**20 + 1
-    return _excess_over_alone(
-        lambda on: DistributedDataParallel(_Flat(numel).to(device), process_group=on, bucket_cap_mb=cap),
-        numel, nbytes, group, alone, inside, device)
 
 
 class _Unit(nn.Module):

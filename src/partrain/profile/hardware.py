@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from partrain.errors import PartrainError
-from partrain.predict.fits import CostFit, default_sizes, fit_cost, fit_excess, longest_increasing
+from partrain.predict.fits import CostFit, default_sizes, fit_cost, longest_increasing
 from partrain.predict.machine import fingerprint as machine
 from partrain.predict.pipeline_sim import PipelineCosts, no_sharing, schedule_order, simulate
 from partrain.predict.profiles import HardwareProfile
@@ -140,11 +140,6 @@ def fit_measurements(raw: dict) -> tuple[dict[str, CostFit], dict[str, dict[int,
     for tier, by_size in raw["tiers"].items():
         for k, points in by_size.items():
             fits = {name: fit_cost([n for n, _ in pts], [t for _, t in pts]) for name, pts in points.items()}
-            if "ddp_allreduce" in points:  # the plain allreduce's curve and DDP's excess over it, each robustly
-                plain, ddp = dict(points["allreduce"]), dict(points["ddp_allreduce"])
-                sizes = sorted(set(plain) & set(ddp))
-                fits["ddp_allreduce"] = fits["allreduce"].plus(
-                    *fit_excess(sizes, [plain[n] for n in sizes], [ddp[n] for n in sizes]))
             collectives.setdefault(tier, {})[int(k)] = fits
             if "sendrecv" in fits:  # the tier's first group times its pair
                 links.setdefault(tier, fits["sendrecv"])
