@@ -269,10 +269,18 @@ def test_a_hardware_profile_timed_on_a_busy_machine_is_measured_again_and_not_ke
     assert (profile.other_load, reused, path) == (0.05, False, cache.hardware_path(tmp_path, 2))
     assert "measuring again" in capsys.readouterr().err
     path.unlink()
-    loads = iter([0.6, 0.7])
+    loads = iter([0.7, 0.6])  # busy both times: the quieter is used, and not kept
     profile, path, _ = cache.hardware_for(2, tmp_path)
-    assert profile.other_load == 0.7 and path is None and not list(tmp_path.glob("hardware-*"))
+    assert profile.other_load == 0.6 and path is None and not list(tmp_path.glob("hardware-*"))
     assert "used once and not cached" in capsys.readouterr().err
+    # a tenth of the CPU taken is measured again once; the quieter of the two is kept
+    for first, second, kept in ((0.12, 0.03, 0.03), (0.11, 0.15, 0.11)):
+        loads = iter([first, second])
+        profile, path, reused = cache.hardware_for(2, tmp_path, refresh=True)
+        assert (profile.other_load, reused, path) == (kept, False, cache.hardware_path(tmp_path, 2))
+        assert "measuring again" in capsys.readouterr().err
+    loads = iter([0.05])  # quiet at once: measured once
+    assert cache.hardware_for(2, tmp_path, refresh=True)[0].other_load == 0.05
 
 
 # ---- the pipeline simulation --------------------------------------------------------------
