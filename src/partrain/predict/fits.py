@@ -11,7 +11,6 @@ and fits here; the predictor reads the fits from a hardware profile.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
 # fsdp_unit: a fully_shard unit's collectives as FSDP drives them (profile.collectives)
