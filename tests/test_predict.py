@@ -22,7 +22,7 @@ from partrain.config import RunConfig
 from partrain.models import build_model
 from partrain.predict import Plan, check_plan, compute, enumerate_plans, predict_plan
 from partrain.predict.cluster import load_cluster
-from partrain.predict.comm import collective_time, transfer_time
+from partrain.predict.comm import collective_time, transfer_time, with_link_bytes_scaled
 from partrain.predict.compute import interpolate
 from partrain.predict.data_parallel import ddp_buckets, overlapped_allreduce
 from partrain.predict.fits import CostFit, Segment, fit_cost, longest_increasing
@@ -536,8 +536,11 @@ def test_ddp_buckets_and_a_hybrids_replicas_cost_the_measured_plain_allreduce(ml
     allreduce = CostFit.line(3e-4, 1e8)
     measured = dataclasses.replace(cluster, nodes=1, workers_per_node=2, collectives={"intra": {2: {
         "allreduce": allreduce, "broadcast": CostFit.line(1e-4, 1e9)}}})
-    stale = dataclasses.replace(measured, collectives={"intra": {2: {
-        **measured.collectives["intra"][2], "ddp_allreduce": CostFit.line(5e-3, 1e7)}}})
+    old = measured.to_dict()  # as a profile measured before session 56 was saved
+    old["collectives"]["intra"]["2"]["ddp_allreduce"] = CostFit.line(5e-3, 1e7).to_dict()
+    stale = type(measured).from_dict(json.loads(json.dumps(old)))
+    assert set(stale.collectives["intra"][2]) == {"allreduce", "broadcast"}
+    assert with_link_bytes_scaled(stale, 10.0).collectives  # the recommender's "10x slower link" reads it too
     ddp = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1, bucket_mb=1000)
     pred = predict_plan(mlp_profile, measured, ddp)
     # one bucket, ready only when backward ends: its whole allreduce is exposed

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import NamedTuple
 
-from partrain.predict.fits import CostFit, held_interpolation
+from partrain.predict.fits import COLLECTIVES, CostFit, held_interpolation
 from partrain.predict.profile_json import JsonProfile, check_fields
 
 
@@ -37,8 +37,8 @@ from partrain.predict.profile_json import JsonProfile, check_fields
 # 13: with 3 or more workers, the probe also runs as one pipeline over all of them (``pipeline_world``)
 # 14: a sweep's point slower than a larger message's is timed again (``profile.collectives.sweep``)
 # 15: the pipeline probes over all workers run again over stages that compute (``*_loaded``)
-# (A profile of 2-15 may hold ``ddp_allreduce``, DDP's allreduce timed apart: no longer measured
-# nor read, every other figure the same, so such a profile stays valid; ``profile.collectives``.)
+# (A profile of 2-15 may hold ``ddp_allreduce``, DDP's allreduce timed apart: no longer measured,
+# and dropped as the profile loads, every other figure the same; ``profile.collectives`` says why.)
 MEASUREMENT = 15
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
@@ -184,8 +184,9 @@ class HardwareProfile(JsonProfile):
             int(d["cores_per_node"]), int(d["device_memory_bytes"]), bool(d["shared_memory"]), float(d["compute_speed"]),
             {tier: CostFit.from_dict(rows) for tier, rows in d["links"].items()},
             {
-                tier: {int(p): {name: CostFit.from_dict(rows) for name, rows in fits.items()} for p, fits in sizes.items()}
-                for tier, sizes in d["collectives"].items()
+                tier: {int(p): {name: CostFit.from_dict(rows) for name, rows in fits.items() if name in COLLECTIVES}
+                       for p, fits in sizes.items()}
+                for tier, sizes in d["collectives"].items()  # an older profile's ddp_allreduce is left behind
             },
             int(d.get("process_group_rss_bytes", 0)), float(d.get("pipeline_action_s", 0.0)),
             float(d.get("pipeline_step_s", 0.0)), d.get("pipeline_hop_s"),
