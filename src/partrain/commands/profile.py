@@ -42,6 +42,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import os
 
     from partrain.predict.fits import default_sizes
+    from partrain.predict.profiles import NOTICEABLE_LOAD
     from partrain.profile.cache import (
         BUSY_SHARE,
         RunOptions,
@@ -71,7 +72,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         why = (f" (measured with {' and '.join(unlike)}, where predict and recommend measure 1 thread per worker and "
                "messages up to 64 MiB: kept, it would stand in for theirs)") if unlike and quiet else ""
         print(f"hardware profile: {path or 'not cached'}{why}", file=sys.stderr)
-        if hw.other_load >= 0.1:
+        if hw.other_load >= NOTICEABLE_LOAD:
             print(f"warning: other processes used {hw.other_load:.0%} of the CPU while the collectives were timed; "
                   f"they may read slow{'' if quiet else ', so it was not cached'}: profile again when the machine is quiet",
                   file=sys.stderr)

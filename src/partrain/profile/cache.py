@@ -20,18 +20,14 @@ from pathlib import Path
 
 from partrain.errors import PartrainError
 from partrain.predict.machine import fingerprint as machine
-from partrain.predict.profiles import HardwareProfile, ModelProfile
+from partrain.predict.profiles import NOTICEABLE_LOAD, HardwareProfile, ModelProfile
 
 PROFILE_DIR_ENV = "PARTRAIN_PROFILE_DIR"
 # A profile taken while other processes kept more than this share of the machine's cores busy
 # is measured again, and never cached: on this 2-core VM one taken at about half the CPU taken
 # came out 6.6x slower than quiet (cnn 110.9 ms against 16.9 ms a step).
 BUSY_SHARE = 0.25
-BUSY_ATTEMPTS = 2
-# ... and one taken beside a tenth or more is measured again once, the quieter of the two kept:
-# at 11% (a `partrain predict` run beside it) the 4-worker sync after computing read 4.2 ms,
-# against 3.0 measured quietly before and after (issue 18's run56)
-AGAIN_SHARE = 0.1
+BUSY_ATTEMPTS = 2  # ... and from NOTICEABLE_LOAD it is measured once more, the quieter kept
 DEFAULT_PROFILE_DIR = Path("~/.partrain/profiles")
 
 
@@ -225,14 +221,14 @@ def load_or_profile(model: str, dataset: str, batch_sizes: list[int], threads: i
 
 def _measure_quietly(measure, what: str):
     """``measure()`` (a model or hardware profile), again while other processes took
-    ``AGAIN_SHARE`` or more of the CPU, at most ``BUSY_ATTEMPTS`` times: (the quietest profile,
+    ``NOTICEABLE_LOAD`` or more of the CPU, at most ``BUSY_ATTEMPTS`` times: (the quietest profile,
     whether it is quiet enough to keep: under ``BUSY_SHARE``). A contended one is good enough
     for this command's answer, never kept to spoil the next one. ``what`` says what was
     measured, in the messages."""
     profiles = []
     for attempt in range(BUSY_ATTEMPTS):
         profiles.append(measure())
-        if profiles[-1].other_load < AGAIN_SHARE:
+        if profiles[-1].other_load < NOTICEABLE_LOAD:
             break
         if attempt + 1 < BUSY_ATTEMPTS:
             print(f"partrain: other processes used {profiles[-1].other_load:.0%} of the CPU while {what}; measuring again",
