@@ -368,6 +368,71 @@ def test_a_connection_carries_one_message_at_a_time_and_the_receive_notice_waits
     assert spans("gpipe", 10.0)[0] == pytest.approx(spans("gpipe", 0.0)[0]) == pytest.approx(step)
 
 
+def _two_stage_spans(schedule: str, busy: float) -> tuple[float, dict]:
+    """2 stages, 2 micro-batches: forwards 1 s, backwards 2 s, messages 0.1 s. Spans from the
+    first forward of a steady-state step."""
+    costs = PipelineCosts((1.0, 1.0), (2.0, 2.0), (0.1, 0.0), (0.0, 0.1))
+    sim = simulate(schedule_order(schedule, 2, 2), costs, busy_sender_s=busy)
+    t0 = min(start for *_, start, _ in sim.spans)
+    return sim.step_s, {(r, k, mb): (start - t0, end - t0) for r, k, _, mb, start, end in sim.spans if k in "FB"}
+
+
+def test_a_stage_woken_while_its_sender_computes_on_starts_late_until_the_sender_waits():
+    """GPipe: stage 0 sends micro-batch 0 and computes its next forward at once, so stage 1,
+    waiting, starts 0.5 s after the message is in; micro-batch 1's message moves once stage 1
+    posts its receive, after its first forward, and stage 0 waits then (no delay); backwards
+    alike, the other way. A delay longer than the
+    sender's computing ends when the sender waits for anything (stage 0 at its first backward's
+    receive, stage 1 at the step's end)."""
+    step, spans = _two_stage_spans("gpipe", 0.0)
+    assert step == pytest.approx(9.4)
+    assert spans[1, "F", 0][0] == pytest.approx(1.1) and spans[0, "B", 0][0] == pytest.approx(5.3)
+    step, spans = _two_stage_spans("gpipe", 0.5)
+    assert spans[1, "F", 0][0] == pytest.approx(1.1 + 0.5)
+    assert spans[1, "F", 1][0] == pytest.approx(spans[1, "F", 0][1] + 0.1)  # posted when F0 ends, no wake
+    assert spans[0, "B", 0][0] == pytest.approx(spans[1, "B", 0][1] + 0.1 + 0.5)
+    assert spans[0, "B", 1][0] == pytest.approx(spans[0, "B", 0][1] + 0.1)  # posted when B0 ends, no wake
+    assert step == pytest.approx(9.4 + 2 * 0.5)
+    step, spans = _two_stage_spans("gpipe", 100.0)
+    assert spans[1, "F", 0][0] == pytest.approx(spans[0, "F", 1][1])  # stage 0 waits after its last forward
+    assert spans[0, "B", 0][0] == pytest.approx(spans[1, "B", 1][1])  # stage 1 waits at the step's end
+    assert step == pytest.approx(12.2)
+
+
+def test_a_stage_that_receives_right_after_sending_lets_its_receiver_run():
+    """1F1B: only the warm-up forward is sent by a stage that computes on (its second
+    forward); every later message's sender posts a receive next and waits in gloo's
+    rendezvous, so its receiver is not delayed."""
+    free_step, free = _two_stage_spans("1f1b", 0.0)
+    step, spans = _two_stage_spans("1f1b", 0.5)
+    assert spans[1, "F", 0][0] == pytest.approx(free[1, "F", 0][0] + 0.5)
+    assert spans[0, "B", 0][0] == pytest.approx(spans[1, "B", 0][1] + 0.1)
+    assert spans[0, "B", 1][0] == pytest.approx(spans[1, "B", 1][1] + 0.1)
+    assert (free_step, step) == (pytest.approx(9.3), pytest.approx(9.3 + 0.5))
+    assert _two_stage_spans("1f1b", 100.0)[0] == pytest.approx(9.3 + 0.9)  # until stage 0's second forward ends
+
+
+def test_the_busy_sender_delay_is_fitted_to_the_pair_probe_over_loaded_stages(cluster):
+    """``fit_busy_sender`` finds the delay the simulation of the probe's GPipe and 1F1B runs
+    (4 and 8 micro-batches, two loads) was given, with the probe's own step cost and hop; 0
+    where the pair was not probed over loaded stages (a GPU, a profile before MEASUREMENT 16)."""
+    from partrain.profile.hardware import fit_busy_sender
+
+    action, step, hop, busy = 4e-5, 1.2e-3, 3e-4, 2.1e-3
+    hw = dataclasses.replace(cluster, nodes=1, workers_per_node=2, cores_per_node=2, compute_sharing={}, sync_s={},
+                             compute_speed=1.0, pipeline_action_s=action, pipeline_step_s=step, pipeline_hop_s=hop)
+    loaded = []
+    for stage_s in ([(3e-4, 6e-4), (2e-4, 5e-4)], [(2e-3, 3.5e-3), (1e-3, 2.5e-3)]):
+        costs = PipelineCosts(*(tuple(s[i] + action for s in stage_s) for i in (0, 1)), (hop, 0.0), (0.0, hop))
+        loaded.append({"stage_s": stage_s, "steps": [
+            {"schedule": s, "microbatches": m,
+             "step_s": step + simulate(schedule_order(s, 2, m), costs, busy_sender_s=busy).step_s}
+            for s in ("gpipe", "1f1b") for m in (4, 8)]})
+    probed = dataclasses.replace(hw, points={"pipeline": {"stage_s": [(1e-5, 2e-5)] * 2, "steps": [], "loaded": loaded}})
+    assert fit_busy_sender(probed) == pytest.approx(busy, abs=1e-4)
+    assert fit_busy_sender(dataclasses.replace(hw, points={"pipeline": {"steps": []}})) == 0.0
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_pipeline_runtime_fit_recovers_its_constants(n):
     """The probe of 2 stages, and the one over every worker (4 here): the fit finds the step cost

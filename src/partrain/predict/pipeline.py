@@ -115,7 +115,7 @@ def simulate_plan(profile: ModelProfile, hw: HardwareProfile, plan: Plan, transf
     # k actions of the simulated timeline computing at once are k busy workers on each of its dp
     # replicas, which run the same timeline side by side, spread over the nodes the plan uses
     sharing = lambda k: env.sharing_slowdown(k * plan.dp / env.nodes_used)  # noqa: E731
-    return simulate(orders, costs if transfers else costs.without_transfers(), sharing)
+    return simulate(orders, costs if transfers else costs.without_transfers(), sharing, busy_sender_s=hw.busy_sender_s)
 
 
 def _pipeline(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Prediction:

@@ -29,14 +29,19 @@ at once share the machine: each runs ``slowdown(k)`` times longer while k comput
 predictor passes the slowdown the hardware profile measured for k workers side by side
 (caches and memory bandwidth shared), never less than processor sharing of the cores:
 cores / (threads x k) of full speed when they do not suffice (Kleinrock, "Queueing Systems",
-vol. 2, 1976). Several consecutive steps are simulated and the steady-state period of
-rank 0 is the step time, as the training loop measures it there. The bubble is nothing
-but the idle time this produces: no closed-form formula is used.
+vol. 2, 1976). On a CPU host, a stage woken by a message while its sender computes on without
+a pause (GPipe's first stage runs its forwards back to back, its last stage its backwards)
+queues behind the sender on a core: it starts ``busy_sender_s`` later (measured), or as soon
+as the sender waits for anything; a stage that receives right after sending (1F1B's steady
+state) pauses in gloo's rendezvous and lets it run. Several consecutive steps are simulated
+and the steady-state period of rank 0 is the step time, as the training loop measures it
+there. The bubble is nothing but the idle time this produces: no closed-form formula is used.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -219,12 +224,13 @@ def no_sharing(computing: int) -> float:
 
 
 def simulate(orders: list[list[Action]], costs: PipelineCosts, slowdown: Callable[[int], float] = no_sharing,
-             steps: int = 4) -> SimResult:
+             steps: int = 4, busy_sender_s: float = 0.0) -> SimResult:
     """Run ``steps`` steps of the schedule ``orders`` (one action list per rank).
 
     ``slowdown(k)``: how many times longer each of ``k`` actions computing at once takes than
     it would alone (the cores, caches and memory bandwidth they share); communication waits
-    and is never slowed.
+    and is never slowed. ``busy_sender_s``: how much later a waiting receiver wakes for a
+    message that arrives while its sender computes, at most until the sender stops computing.
     """
     n_stages = len(costs.fwd)
     n_ranks = len(orders)
@@ -243,6 +249,8 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, slowdown: Callabl
     channel: dict[tuple[int, int], float] = defaultdict(float)  # (sender, receiver): when its wire frees up
     notice: dict[tuple, float] = {}  # receiving action: when its sender learns the receive is posted
     arrives: dict[tuple, float] = {}  # receiving action: when its input from another rank is in
+    goes_on: set[tuple] = set()  # sending actions whose rank computes on without a pause after them
+    pauses: list[list[float]] = [[] for _ in range(n_ranks)]  # per rank: when it reached work it waits for
 
     def message(op: _Op) -> tuple[tuple, int, float, float] | None:
         """The input ``op`` receives: (the action producing it, that action's rank, seconds from
@@ -275,7 +283,12 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, slowdown: Callabl
         op = ranks[r][idx[r]]
         msg = message(op)
         if msg is None or msg[1] == r:
+            if not op.cpu or op.work <= EPS or op.waits:
+                pauses[r].append(t)
+            elif idx[r] > 0 and ranks[r][idx[r] - 1].kind in ("F", "B"):
+                goes_on.add(_key(ranks[r][idx[r] - 1]))
             return
+        pauses[r].append(t)  # a receive from another rank: gloo's rendezvous waits for its data
         notice[_key(op)] = max(t, channel[r, msg[1]])
         deliver(op)
 
@@ -288,8 +301,18 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, slowdown: Callabl
         if msg is None:
             return free[op.rank]
         producer, sender, _, _ = msg
-        at = done.get(producer) if sender == op.rank else arrives.get(_key(op))
-        return None if at is None else max(free[op.rank], at)
+        if sender == op.rank:
+            at = done.get(producer)
+            return None if at is None else max(free[op.rank], at)
+        at = arrives.get(_key(op))
+        if at is None or busy_sender_s <= 0 or at <= free[op.rank] or producer not in goes_on:
+            return None if at is None else max(free[op.rank], at)
+        # the message came in while the rank waited for it, and its sender went on computing
+        # without a pause after sending it: the woken receiver queues behind the sender until
+        # the sender pauses (waits for anything) or ``busy_sender_s`` is over
+        after = bisect_left(pauses[sender], done[producer])
+        pause = pauses[sender][after] if after < len(pauses[sender]) else math.inf
+        return max(at, min(at + busy_sender_s, pause))
 
     def finish(op: _Op) -> None:
         op.end = t

@@ -39,7 +39,8 @@ from partrain.predict.profile_json import JsonProfile, check_fields
 # 15: the pipeline probes over all workers run again over stages that compute (``*_loaded``)
 # (A profile of 2-15 may hold ``ddp_allreduce``, DDP's allreduce timed apart: no longer measured,
 # and dropped as the profile loads, every other figure the same; ``profile.collectives`` says why.)
-MEASUREMENT = 15
+# 16: the two-stage probe runs again over stages that compute, and fits ``busy_sender_s``
+MEASUREMENT = 16
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
 # 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.
@@ -100,6 +101,11 @@ class HardwareProfile(JsonProfile):
     # its own; empty where not measured (``profile.hardware.fit_loaded``)
     pipeline_world_loaded: tuple[tuple[float, float], ...] = ()
     pipeline_side_by_side_loaded: tuple[tuple[float, float], ...] = ()
+    # how much later a worker waiting for a pipeline message wakes when the message's sender goes on
+    # computing (at most until the sender waits): ``pipeline_sim.simulate``'s ``busy_sender_s``,
+    # fitted to the two-stage probe over loaded stages (``profile.hardware.fit_busy_sender``); 0 where
+    # not measured (a GPU's host does not compute, a cluster file, a profile before MEASUREMENT 16)
+    busy_sender_s: float = 0.0
 
     @property
     def stale(self) -> bool:
@@ -175,6 +181,7 @@ class HardwareProfile(JsonProfile):
             "pipeline_world": list(self.pipeline_world) if self.pipeline_world else None,
             "pipeline_world_loaded": [list(p) for p in self.pipeline_world_loaded],
             "pipeline_side_by_side_loaded": [list(p) for p in self.pipeline_side_by_side_loaded],
+            "busy_sender_s": self.busy_sender_s,
         }
 
     @classmethod
@@ -198,6 +205,7 @@ class HardwareProfile(JsonProfile):
             tuple(map(float, d["pipeline_world"])) if d.get("pipeline_world") else None,
             tuple(tuple(map(float, p)) for p in d.get("pipeline_world_loaded", ())),
             tuple(tuple(map(float, p)) for p in d.get("pipeline_side_by_side_loaded", ())),
+            float(d.get("busy_sender_s", 0.0)),
         )
 
 

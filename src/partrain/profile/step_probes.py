@@ -155,6 +155,22 @@ def _with_loads(group, device, stages: int, loads, **probe) -> dict:
     return out
 
 
+# (micro-batch rows, width, layers) of the two-stage probe's loaded stages: a forward and backward of
+# about 0.8 and 5 ms a micro-batch on a 2-core VM's core, longer than a woken stage's wait behind a
+# busy one (``measure_pair_loaded``)
+PAIR_LOADS = ((32, 512, 2), (64, 1024, 2))
+
+
+def measure_pair_loaded(group, device, loads=PAIR_LOADS) -> list[dict]:
+    """``measure_pipeline_hops`` of the pair ``group`` over each of ``loads``, 4 and 8
+    micro-batches of GPipe and 1F1B (3 rounds of 4 steps; about 3 s on a 2-core VM): where a
+    message's sender computes on after sending it, its receiver waits longer than the idle
+    probe's latency (``profile.hardware.fit_busy_sender``). Both ranks call this; rank 0 gets
+    the result."""
+    return [measure_pipeline_hops(group, device, width=width, microbatches=(4, 8), rounds=3, steps=4, rows=rows,
+                                  depth=depth) for rows, width, depth in loads]
+
+
 def measure_world_pipeline(device, loads=LOADS, **probe) -> dict:
     """``measure_pipeline_hops`` as one pipeline over every worker (a stage per rank), as a plan
     with as many stages as workers runs: each stage waits in its bubble and is woken by its
