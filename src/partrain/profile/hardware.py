@@ -232,7 +232,8 @@ def fit_busy_sender(hw: HardwareProfile, grid_s: float = 1e-4, most_s: float = 6
     least squares over the two-stage probe's runs over loaded stages (``points["pipeline"]
     ["loaded"]``, GPipe and 1F1B), with the probe's own step overhead and message latency
     (``pipeline_step_s``, ``pipeline_hop_s``, from its idle stages, where the delay cannot show)
-    and the cores shared as the predictor shares them for two stages of one thread.
+    and the cores shared as the predictor shares them for two stages of one thread beside the
+    node's other workers, which the probe keeps busy (in the stages' timings too).
 
     GPipe's first stage runs its forwards back to back, and its last stage its backwards: the
     woken receiver of each message queues behind the busy sender on a core. On a 2-core VM
@@ -249,7 +250,10 @@ def fit_busy_sender(hw: HardwareProfile, grid_s: float = 1e-4, most_s: float = 6
     if not probe.get("loaded") or hw.pipeline_hop_s is None:
         return 0.0
     env = environment(hw, Plan("gpipe", 2, 8, pp=2, microbatches=4, schedule="gpipe", threads=1))
-    sharing = lambda k: env.sharing_slowdown(k / env.nodes_used)  # noqa: E731  (as ``pipeline.simulate_plan``)
+    sharing = no_sharing  # a stage per node
+    if hw.workers_per_node >= 2:  # the pair shares node 0 with its other workers, kept busy meanwhile
+        others = hw.workers_per_node - 2  # ... and in the stages' own timings, one stage at a time
+        sharing = lambda k: env.sharing_slowdown(k + others) / env.sharing_slowdown(1 + others)  # noqa: E731
     runs = []
     for p in probe["loaded"]:
         fwd, bwd = (tuple(stage[i] + hw.pipeline_action_s for stage in p["stage_s"]) for i in (0, 1))
