@@ -424,11 +424,12 @@ def test_the_busy_sender_delay_is_fitted_to_the_pair_probe_over_loaded_stages(cl
     loaded = []
     for stage_s in ([(3e-4, 6e-4), (2e-4, 5e-4)], [(2e-3, 3.5e-3), (1e-3, 2.5e-3)]):
         costs = PipelineCosts(*(tuple(s[i] + action for s in stage_s) for i in (0, 1)), (hop, 0.0), (0.0, hop))
-        loaded.append({"stage_s": stage_s, "steps": [
+        loaded.append({"stage_s": stage_s, "message_bytes": 512, "steps": [
             {"schedule": s, "microbatches": m,
              "step_s": step + simulate(schedule_order(s, 2, m), costs, busy_sender_s=busy).step_s}
             for s in ("gpipe", "1f1b") for m in (4, 8)]})
-    probed = dataclasses.replace(hw, points={"pipeline": {"stage_s": [(1e-5, 2e-5)] * 2, "steps": [], "loaded": loaded}})
+    probed = dataclasses.replace(hw, points={"pipeline": {"stage_s": [(1e-5, 2e-5)] * 2, "steps": [], "message_bytes": 512,
+                                                          "loaded": loaded}})
     assert fit_busy_sender(probed) == pytest.approx(busy, abs=1e-4)
     assert fit_busy_sender(dataclasses.replace(hw, points={"pipeline": {"steps": []}})) == 0.0
 

@@ -231,8 +231,9 @@ def fit_busy_sender(hw: HardwareProfile, grid_s: float = 1e-4, most_s: float = 6
     when the message's sender goes on computing, as ``pipeline_sim.simulate`` charges it, in
     least squares over the two-stage probe's runs over loaded stages (``points["pipeline"]
     ["loaded"]``, GPipe and 1F1B), with the probe's own step overhead and message latency
-    (``pipeline_step_s``, ``pipeline_hop_s``, from its idle stages, where the delay cannot show)
-    and the cores shared as the predictor shares them for two stages of one thread beside the
+    (``pipeline_step_s``, ``pipeline_hop_s``, from its idle stages, where the delay cannot show;
+    each message also pays its bytes beyond the idle probe's on the pair's link, as in
+    ``fit_loaded``) and the cores shared as the predictor shares them for two stages of one thread beside the
     node's other workers, which the probe keeps busy (in the stages' timings too).
 
     GPipe's first stage runs its forwards back to back, and its last stage its backwards: the
@@ -241,8 +242,10 @@ def fit_busy_sender(hw: HardwareProfile, grid_s: float = 1e-4, most_s: float = 6
     stages wait for a receive right after sending; GPipe's 2-worker cells were under-predicted
     in every cell of issue 17's run56u (-9 to -29%). Three probes read 1.5, 3.3 and 2.1 ms; the
     stored suites' cells, predicted again over a grid of fixed delays, were best near 2 ms
-    (GPipe's MAPE 21.0% to 15.1%, 14.7% to 11.4%, 16.5% to 11.9%; 1F1B unchanged). 0 where not
-    probed."""
+    (GPipe's MAPE 21.0% to 15.1%, 14.7% to 11.4%, 16.5% to 11.9%; 1F1B unchanged). The grid
+    stops at ``most_s``: a 4-worker profile's pair, beside two busy workers on 2 cores, fitted
+    its top (and 24 ms on a grid to 30 ms, the sender's every pause). 0 where not probed."""
+    from partrain.predict.comm import transfer_time, wire_time
     from partrain.predict.plan import Plan
     from partrain.predict.prediction import environment
 
@@ -254,10 +257,13 @@ def fit_busy_sender(hw: HardwareProfile, grid_s: float = 1e-4, most_s: float = 6
     if hw.workers_per_node >= 2:  # the pair shares node 0 with its other workers, kept busy meanwhile
         others = hw.workers_per_node - 2  # ... and in the stages' own timings, one stage at a time
         sharing = lambda k: env.sharing_slowdown(k + others) / env.sharing_slowdown(1 + others)  # noqa: E731
+    first = transfer_time(hw, probe.get("message_bytes", 0), 0, 1)  # held in the fitted latency
     runs = []
     for p in probe["loaded"]:
         fwd, bwd = (tuple(stage[i] + hw.pipeline_action_s for stage in p["stage_s"]) for i in (0, 1))
-        costs = PipelineCosts(fwd, bwd, (hw.pipeline_hop_s, 0.0), (0.0, hw.pipeline_hop_s))
+        hop = hw.pipeline_hop_s + transfer_time(hw, p["message_bytes"], 0, 1) - first  # its bytes on its link
+        wire = wire_time(hw, p["message_bytes"], 0, 1)
+        costs = PipelineCosts(fwd, bwd, (hop, 0.0), (0.0, hop), wire_fwd=(wire, 0.0), wire_bwd=(0.0, wire))
         runs += [(schedule_order(q["schedule"], 2, q["microbatches"]), costs, q["step_s"] - hw.pipeline_step_s)
                  for q in p["steps"]]
 
