@@ -165,14 +165,10 @@ def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200, slowdown
     ``busy_sender_s`` delays a message whose sender computes on (``fit_busy_sender``).
     """
     n = len(probe["stage_s"])  # stages, one per rank
-    fwd, bwd = (tuple(stage[i] + action_s for stage in probe["stage_s"]) for i in (0, 1))
     measured = [p["step_s"] for p in probe["steps"]]
-    link_fwd, link_bwd, wire_fwd, wire_bwd = links or ((0.0,) * n, (0.0,) * n, (), ())
 
     def fit(hop: float) -> tuple[float, float, float]:
-        costs = PipelineCosts(fwd, bwd, tuple(max(0.0, hop + t) if s < n - 1 else 0.0 for s, t in enumerate(link_fwd)),
-                              tuple(max(0.0, hop + t) if s > 0 else 0.0 for s, t in enumerate(link_bwd)),
-                              wire_fwd=tuple(wire_fwd), wire_bwd=tuple(wire_bwd))
+        costs = _probe_costs(probe, action_s, hop, links)
         residual = [m - simulate(schedule_order(p["schedule"], n, p["microbatches"]), costs, slowdown,
                                  busy_sender_s=busy_sender_s).step_s
                     for m, p in zip(measured, probe["steps"])]
@@ -181,6 +177,31 @@ def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200, slowdown
 
     _, step, hop = min(fit(max(measured) / 2 * i / grid) for i in range(grid + 1))
     return step, hop
+
+
+def _probe_costs(probe: dict, action_s: float, hop: float, links=None) -> PipelineCosts:
+    """The simulation's costs of a pipeline probe: each stage's timed forward and backward plus
+    the runtime's ``action_s``, each message ``hop`` plus ``links``' time beyond it (``_probe_links``;
+    none: the hop alone)."""
+    n = len(probe["stage_s"])
+    fwd, bwd = (tuple(stage[i] + action_s for stage in probe["stage_s"]) for i in (0, 1))
+    link_fwd, link_bwd, wire_fwd, wire_bwd = links or ((0.0,) * n, (0.0,) * n, (), ())
+    return PipelineCosts(fwd, bwd, tuple(max(0.0, hop + t) if s < n - 1 else 0.0 for s, t in enumerate(link_fwd)),
+                         tuple(max(0.0, hop + t) if s > 0 else 0.0 for s, t in enumerate(link_bwd)),
+                         wire_fwd=tuple(wire_fwd), wire_bwd=tuple(wire_bwd))
+
+
+def _probe_links(hw: HardwareProfile, probe: dict, rank, first: float) -> tuple:
+    """Per stage of ``probe`` (stage s on global rank ``rank[s]``), ahead and back: its message's
+    link time beyond ``first`` (what the fitted latency holds), and its time on the wire."""
+    from partrain.predict.comm import transfer_time, wire_time
+
+    pp = len(probe["stage_s"])
+    ahead = [(probe["message_bytes"], rank[s], rank[s + 1]) if s < pp - 1 else None for s in range(pp)]
+    back = [(probe["message_bytes"], rank[s], rank[s - 1]) if s > 0 else None for s in range(pp)]
+    beyond = lambda msgs: [transfer_time(hw, *m) - first if m else 0.0 for m in msgs]  # noqa: E731
+    wire = lambda msgs: [wire_time(hw, *m) if m else 0.0 for m in msgs]  # noqa: E731
+    return beyond(ahead), beyond(back), wire(ahead), wire(back)
 
 
 def fit_loaded(hw: HardwareProfile, key: str, threads: int = 1) -> tuple[tuple[float, float], ...]:
@@ -197,7 +218,7 @@ def fit_loaded(hw: HardwareProfile, key: str, threads: int = 1) -> tuple[tuple[f
     message crosses the slow link: 128 KiB took 11 ms at 100 Mbit/s, which a latency shared by
     every message put on all three, and the cnn's 4-stage pipelines were predicted 27-39% over).
     Empty where not probed."""
-    from partrain.predict.comm import transfer_time, wire_time
+    from partrain.predict.comm import transfer_time
     from partrain.predict.plan import Plan
     from partrain.predict.prediction import environment
 
@@ -211,17 +232,10 @@ def fit_loaded(hw: HardwareProfile, key: str, threads: int = 1) -> tuple[tuple[f
     rank = probe.get("ranks") or list(range(pp))  # stage s's global rank
     first = transfer_time(hw, probe["message_bytes"], rank[0], rank[1])  # held in the fitted latency
 
-    def links(p: dict) -> tuple:
-        """Per stage, ahead and back: its message's link time beyond ``first``, and its time on the wire."""
-        ahead = [(p["message_bytes"], rank[s], rank[s + 1]) if s < pp - 1 else None for s in range(pp)]
-        back = [(p["message_bytes"], rank[s], rank[s - 1]) if s > 0 else None for s in range(pp)]
-        beyond = lambda msgs: [transfer_time(hw, *m) - first if m else 0.0 for m in msgs]  # noqa: E731
-        wire = lambda msgs: [wire_time(hw, *m) if m else 0.0 for m in msgs]  # noqa: E731
-        return beyond(ahead), beyond(back), wire(ahead), wire(back)
-
     action = lambda p: sum(f + b for f, b in p["stage_s"]) / (2 * pp) + hw.pipeline_action_s  # noqa: E731
     return longest_increasing([(action(probe), fitted[1])] + [
-        (action(p), fit_pipeline_runtime(p, hw.pipeline_action_s, slowdown=sharing, step_s=fitted[0], links=links(p),
+        (action(p), fit_pipeline_runtime(p, hw.pipeline_action_s, slowdown=sharing, step_s=fitted[0],
+                                         links=_probe_links(hw, p, rank, first),
                                          busy_sender_s=hw.busy_sender_s)[1])
         for p in probe.get("loaded", [])])
 
@@ -233,8 +247,9 @@ def fit_busy_sender(hw: HardwareProfile, grid_s: float = 1e-4, most_s: float = 6
     ["loaded"]``, GPipe and 1F1B), with the probe's own step overhead and message latency
     (``pipeline_step_s``, ``pipeline_hop_s``, from its idle stages, where the delay cannot show;
     each message also pays its bytes beyond the idle probe's on the pair's link, as in
-    ``fit_loaded``) and the cores shared as the predictor shares them for two stages of one thread beside the
-    node's other workers, which the probe keeps busy (in the stages' timings too).
+    ``fit_loaded``) and the cores shared as the predictor shares them for two stages of one
+    thread beside the node's other workers, which the probe keeps busy (in the stages' timings
+    too).
 
     GPipe's first stage runs its forwards back to back, and its last stage its backwards: the
     woken receiver of each message queues behind the busy sender on a core. On a 2-core VM
@@ -245,7 +260,7 @@ def fit_busy_sender(hw: HardwareProfile, grid_s: float = 1e-4, most_s: float = 6
     (GPipe's MAPE 21.0% to 15.1%, 14.7% to 11.4%, 16.5% to 11.9%; 1F1B unchanged). The grid
     stops at ``most_s``: a 4-worker profile's pair, beside two busy workers on 2 cores, fitted
     its top (and 24 ms on a grid to 30 ms, the sender's every pause). 0 where not probed."""
-    from partrain.predict.comm import transfer_time, wire_time
+    from partrain.predict.comm import transfer_time
     from partrain.predict.plan import Plan
     from partrain.predict.prediction import environment
 
@@ -260,10 +275,7 @@ def fit_busy_sender(hw: HardwareProfile, grid_s: float = 1e-4, most_s: float = 6
     first = transfer_time(hw, probe.get("message_bytes", 0), 0, 1)  # held in the fitted latency
     runs = []
     for p in probe["loaded"]:
-        fwd, bwd = (tuple(stage[i] + hw.pipeline_action_s for stage in p["stage_s"]) for i in (0, 1))
-        hop = hw.pipeline_hop_s + transfer_time(hw, p["message_bytes"], 0, 1) - first  # its bytes on its link
-        wire = wire_time(hw, p["message_bytes"], 0, 1)
-        costs = PipelineCosts(fwd, bwd, (hop, 0.0), (0.0, hop), wire_fwd=(wire, 0.0), wire_bwd=(0.0, wire))
+        costs = _probe_costs(p, hw.pipeline_action_s, hw.pipeline_hop_s, _probe_links(hw, p, (0, 1), first))
         runs += [(schedule_order(q["schedule"], 2, q["microbatches"]), costs, q["step_s"] - hw.pipeline_step_s)
                  for q in p["steps"]]
 
