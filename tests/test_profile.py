@@ -46,6 +46,9 @@ def test_model_profile_measures_every_block(mlp):
     assert fc2.flops == [6 * b * 256 * 128 for b in (4, 16)]
     assert mlp.blocks[0].flops == [4 * b * 784 * 256 for b in (4, 16)]  # no gradient for the data
     assert all(t > 0 for b in mlp.blocks for t in b.fwd_s + b.bwd_s)
+    # on a CPU, each block's forward and backward also from caches written over (as a stage of a
+    # pipeline on more workers than cores starts them): one figure per batch size
+    assert all(len(b.fwd_cold_s) == len(b.bwd_cold_s) == 2 and min(b.fwd_cold_s + b.bwd_cold_s) > 0 for b in mlp.blocks)
     assert fc2.saves_input and fc2.saved_bytes[1] > fc2.saved_bytes[0] > 0
     assert set(mlp.optimizer_s) == {"sgd", "sgd-momentum", "adam"}
     assert ModelProfile.from_dict({**mlp.to_dict(), "average_s": 1e-3}) == mlp  # earlier versions' keys are ignored
@@ -301,6 +304,7 @@ def test_the_side_by_side_probe_runs_a_pipeline_on_every_pair_of_halves_at_once(
         assert sorted((s["schedule"], s["microbatches"]) for s in steps) == [("1f1b", 4), ("1f1b", 8), ("gpipe", 4), ("gpipe", 8)]
         assert all(len(s["rounds_s"]) == 3 and s["step_s"] == statistics.median(s["rounds_s"]) > 0 for s in steps)
         assert len(probe["stage_s"]) == 2 and all(f > 0 and b > 0 for f, b in probe["stage_s"])
+        assert len(probe["stage_cold_s"]) == 2 and all(f > 0 and b > 0 for f, b in probe["stage_cold_s"])
         # then over stages that compute: 8 micro-batches of 8 rows, one linear layer of 64 (the helper's load)
         (loaded,) = probe["loaded"]
         assert sorted((s["schedule"], s["microbatches"]) for s in loaded["steps"]) == [("1f1b", 8), ("gpipe", 8)]
@@ -319,6 +323,7 @@ def test_a_hardware_profile_of_3_workers_fits_the_pipeline_over_all_of_them(tmp_
     assert sorted((s["schedule"], s["microbatches"]) for s in steps) == [("1f1b", 4), ("1f1b", 8), ("gpipe", 4), ("gpipe", 8)]
     assert all(len(s["rounds_s"]) == 9 and s["step_s"] == statistics.median(s["rounds_s"]) > 0 for s in steps)
     assert len(probe["stage_s"]) == 3 and all(f > 0 and b > 0 for f, b in probe["stage_s"])
+    assert len(probe["stage_cold_s"]) == 3 and all(f > 0 and b > 0 for f, b in probe["stage_cold_s"])
     step_s, hop_s = hw.pipeline_world
     assert step_s >= 0.0 and 0.0 <= hop_s <= max(s["step_s"] for s in steps)
     assert hw.runtime_of(1, 3) == (step_s, hop_s, (0, 1), True)

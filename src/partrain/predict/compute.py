@@ -55,22 +55,30 @@ def with_model_sharing(profile: ModelProfile, hw: HardwareProfile, threads: int,
     return hw, "processor sharing of the cores: no probe measured it"
 
 
-def block_times(profile: ModelProfile, b: float) -> tuple[list[float], list[float]]:
-    """(forward, backward) seconds of every block at batch ``b``."""
-    return [at(profile, blk.fwd_s, b) for blk in profile.blocks], [at(profile, blk.bwd_s, b) for blk in profile.blocks]
+def block_times(profile: ModelProfile, b: float, cold: bool = False) -> tuple[list[float], list[float]]:
+    """(forward, backward) seconds of every block at batch ``b``: back to back, or ``cold``, each
+    from caches another worker wrote over (``BlockProfile.fwd_cold_s``; never less than back to
+    back, and back to back where not measured)."""
+    def time(hot: list[float], measured_cold: list[float]) -> float:
+        return max(at(profile, hot, b), at(profile, measured_cold, b) if cold and measured_cold else 0.0)
+
+    return ([time(blk.fwd_s, blk.fwd_cold_s) for blk in profile.blocks],
+            [time(blk.bwd_s, blk.bwd_cold_s) for blk in profile.blocks])
 
 
 def loss_time(profile: ModelProfile, b: float) -> float:
     return at(profile, profile.loss_s, b)
 
 
-def stage_times(profile: ModelProfile, bounds: list[tuple[int, int]], b: float, recompute: bool = False) -> tuple[list[float], list[float]]:
-    """(forward, backward) seconds per stage on a micro-batch of ``b``; the last stage adds the loss.
+def stage_times(profile: ModelProfile, bounds: list[tuple[int, int]], b: float, recompute: bool = False,
+                cold: bool = False) -> tuple[list[float], list[float]]:
+    """(forward, backward) seconds per stage on a micro-batch of ``b``, its blocks ``cold`` or not
+    (``block_times``); the last stage adds the loss.
 
     With recomputation each block's forward runs again inside its backward (Chen et al.,
     "Training Deep Nets with Sublinear Memory Cost", 2016): backward costs fwd + bwd.
     """
-    fwd, bwd = block_times(profile, b)
+    fwd, bwd = block_times(profile, b, cold)
     f = [sum(fwd[a:e]) for a, e in bounds]
     g = [sum(bwd[a:e]) + (sum(fwd[a:e]) if recompute else 0.0) for a, e in bounds]
     half = loss_time(profile, b) / 2  # the loss's forward and its backward

@@ -48,12 +48,28 @@ def _microbatch(plan: Plan) -> float:
     return plan.batch_size / plan.dp / plan.microbatches
 
 
+def runs_cold(plan: Plan, env: Env) -> bool:
+    """Whether ``plan``'s stages run their blocks from cold caches (``compute.block_times``).
+
+    Where the workers outnumber the cores, a stage that waits for a message gives its core to
+    another worker, and its next action starts from caches that worker wrote over. Inside a
+    4-stage pipeline on 4 workers on 2 cores, a LayerNorm/GELU block at 4 samples ran 0.25 ms
+    forward and 0.33 ms backward, runtime included, where its back-to-back times are 0.06 and
+    0.10 and its cold ones 0.15 and 0.22; issue 17's 4-stage cells of small blocks were 13-29%
+    under their measure with the back-to-back times. A single pipeline over every worker only:
+    a hybrid's replicas are calibrated by the side-by-side probe, whose fit holds the cost of two
+    pipelines sharing the cores as a per-step constant (12-14 ms on a 2-core VM, no latency left)
+    that cold actions would count again: its stages ran cold too, but the stored hybrid cells,
+    predicted again with them, read 8-25 points over in two of four suites."""
+    return plan.workers > 1 and plan.dp == 1 and env.oversubscribed()
+
+
 def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, bounds, env: Env) -> PipelineCosts:
     """Per-stage compute, boundary transfers, and each rank's work around the schedule."""
     b = _microbatch(plan)
-    fwd, bwd = compute.stage_times(profile, bounds, b, plan.recompute)
     n, m = len(bounds), plan.microbatches
     alone = plan.workers == 1  # every stage on one worker: the runtime's costs are the model's own (below)
+    fwd, bwd = compute.stage_times(profile, bounds, b, plan.recompute, cold=runs_cold(plan, env))
     action = 0.0 if alone else hw.pipeline_action_s  # the runtime's own cost per micro-batch action, measured on this hardware
     # every micro-batch after the first adds its parameter gradients into .grad (AccumulateGrad),
     # spread here evenly over the stage's m backwards; once the step's backwards are done the

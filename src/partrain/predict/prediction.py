@@ -95,6 +95,15 @@ class Env:
         measured = self.sharing.get(round(busy)) if self.threads == 1 else None
         return max(measured or 1.0, compute.contention(busy * self.threads, cores))
 
+    def oversubscribed(self) -> bool:
+        """More threads of the plan's workers than cores to run them (machine-wide for nodes
+        that share one machine's cores): a worker that waits gives its core to another, whose
+        work writes over the caches the waiting one comes back to (``compute.block_times``'s cold)."""
+        busy, cores = self.local_workers, self.cores
+        if self.shared_cores:
+            busy, cores = busy * self.nodes_used, self.shared_cores
+        return busy * self.threads > cores
+
     def slowdown(self, busy_workers_per_node: float) -> float:
         """``sharing_slowdown`` on this hardware's compute speed."""
         return self.sharing_slowdown(busy_workers_per_node) / self.speed

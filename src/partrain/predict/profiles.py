@@ -40,11 +40,13 @@ from partrain.predict.profile_json import JsonProfile, check_fields
 # (A profile of 2-15 may hold ``ddp_allreduce``, DDP's allreduce timed apart: no longer measured,
 # and dropped as the profile loads, every other figure the same; ``profile.collectives`` says why.)
 # 16: the two-stage probe runs again over stages that compute, and fits ``busy_sender_s``
-MEASUREMENT = 16
+# 17: on a CPU, every pipeline probe's stages are also timed from cold caches (``stage_cold_s``)
+MEASUREMENT = 17
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
 # 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.
-MODEL_MEASUREMENT = 3
+# 4: on a CPU, each block's forward and backward also from cold caches (``BlockProfile.fwd_cold_s``).
+MODEL_MEASUREMENT = 4
 
 
 class PipelineRuntime(NamedTuple):
@@ -226,6 +228,11 @@ class BlockProfile:
     saves_output: bool  # saved_bytes includes the block's own output
     flops: list[int]  # forward + backward
     optimizer_s: dict[str, float]  # one optimizer step over this block's parameters alone
+    # forward and backward each started with the core's caches written over (``timing.evict_caches``),
+    # as a pipeline stage's actions run where the node's workers outnumber its cores; empty where
+    # not measured (a GPU, a profile before MODEL_MEASUREMENT 4)
+    fwd_cold_s: list[float] = field(default_factory=list)
+    bwd_cold_s: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -315,7 +322,7 @@ class ModelProfile(JsonProfile):
         for i, b in enumerate(d["blocks"]):
             check_fields(BlockProfile, b, f"blocks.{i}.")
         per_batch = {k: d[k] for k in _PER_BATCH if k in _MEASURED_ALWAYS or d.get(k)} | {
-            f"blocks.{i}.{k}": b[k] for i, b in enumerate(d["blocks"]) for k in _BLOCK_PER_BATCH}
+            f"blocks.{i}.{k}": b[k] for i, b in enumerate(d["blocks"]) for k in _BLOCK_PER_BATCH if k in _MEASURED_ALWAYS or b.get(k)}
         for where, values in per_batch.items():  # what the predictor interpolates between batch sizes
             if len(values) != len(d["batch_sizes"]):
                 raise ValueError(f"{where} holds {len(values)} values for {len(d['batch_sizes'])} batch sizes")
@@ -330,8 +337,9 @@ class ModelProfile(JsonProfile):
 
 # the lists that hold one figure per batch size (empty where not measured), in a profile and in a block
 _PER_BATCH = ("loss_s", "data_s", "train_peak_rss_bytes", "train_peak_reserved_bytes", "loop_s")
-_MEASURED_ALWAYS = ("loss_s", "data_s", "train_peak_rss_bytes")  # the others are empty where not measured
-_BLOCK_PER_BATCH = ("fwd_s", "bwd_s", "out_bytes", "saved_bytes", "flops")
+_MEASURED_ALWAYS = ("loss_s", "data_s", "train_peak_rss_bytes",  # the others are empty where not measured
+                    "fwd_s", "bwd_s", "out_bytes", "saved_bytes", "flops")
+_BLOCK_PER_BATCH = ("fwd_s", "bwd_s", "out_bytes", "saved_bytes", "flops", "fwd_cold_s", "bwd_cold_s")
 
 
 # The share of the CPU other processes took while a profile was measured from which it is

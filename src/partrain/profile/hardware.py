@@ -151,7 +151,8 @@ def fit_measurements(raw: dict) -> tuple[dict[str, CostFit], dict[str, dict[int,
 
 
 def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200, slowdown=no_sharing,
-                         step_s: float | None = None, links=None, busy_sender_s: float = 0.0) -> tuple[float, float]:
+                         step_s: float | None = None, links=None, busy_sender_s: float = 0.0,
+                         cold: bool = False) -> tuple[float, float]:
     """(per-step overhead, per-message latency) that make the pipeline simulation reproduce the
     measured two-stage probe, in least squares over both schedules and all micro-batch counts.
 
@@ -162,13 +163,14 @@ def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200, slowdown
     shares the cores between stages computing at once, as the predictor's simulation does;
     ``links`` (``PipelineCosts``' send_fwd, send_bwd, wire_fwd, wire_bwd) adds each message's
     own link time to the latency, and holds its connection, as the predictor's costs do;
-    ``busy_sender_s`` delays a message whose sender computes on (``fit_busy_sender``).
+    ``busy_sender_s`` delays a message whose sender computes on (``fit_busy_sender``); ``cold``
+    takes the stages' times from cold caches (``probe_stage_times``), as the probe's plan runs them.
     """
     n = len(probe["stage_s"])  # stages, one per rank
     measured = [p["step_s"] for p in probe["steps"]]
 
     def fit(hop: float) -> tuple[float, float, float]:
-        costs = _probe_costs(probe, action_s, hop, links)
+        costs = _probe_costs(probe, action_s, hop, links, cold)
         residual = [m - simulate(schedule_order(p["schedule"], n, p["microbatches"]), costs, slowdown,
                                  busy_sender_s=busy_sender_s).step_s
                     for m, p in zip(measured, probe["steps"])]
@@ -179,12 +181,23 @@ def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200, slowdown
     return step, hop
 
 
-def _probe_costs(probe: dict, action_s: float, hop: float, links=None) -> PipelineCosts:
-    """The simulation's costs of a pipeline probe: each stage's timed forward and backward plus
-    the runtime's ``action_s``, each message ``hop`` plus ``links``' time beyond it (``_probe_links``;
-    none: the hop alone)."""
-    n = len(probe["stage_s"])
-    fwd, bwd = (tuple(stage[i] + action_s for stage in probe["stage_s"]) for i in (0, 1))
+def probe_stage_times(probe: dict, cold: bool = False) -> list[tuple[float, float]]:
+    """Each stage's (forward, backward) seconds in a pipeline probe: back to back, or ``cold``, each
+    from caches written over where that was timed (``step_probes._cold_times``; never less than
+    back to back), as ``compute.block_times`` takes a model's blocks."""
+    hot = probe["stage_s"]
+    if not cold or not probe.get("stage_cold_s"):
+        return [tuple(stage) for stage in hot]
+    return [(max(f, cf), max(b, cb)) for (f, b), (cf, cb) in zip(hot, probe["stage_cold_s"])]
+
+
+def _probe_costs(probe: dict, action_s: float, hop: float, links=None, cold: bool = False) -> PipelineCosts:
+    """The simulation's costs of a pipeline probe: each stage's timed forward and backward
+    (``probe_stage_times``) plus the runtime's ``action_s``, each message ``hop`` plus ``links``'
+    time beyond it (``_probe_links``; none: the hop alone)."""
+    stages = probe_stage_times(probe, cold)
+    n = len(stages)
+    fwd, bwd = (tuple(stage[i] + action_s for stage in stages) for i in (0, 1))
     link_fwd, link_bwd, wire_fwd, wire_bwd = links or ((0.0,) * n, (0.0,) * n, (), ())
     return PipelineCosts(fwd, bwd, tuple(max(0.0, hop + t) if s < n - 1 else 0.0 for s, t in enumerate(link_fwd)),
                          tuple(max(0.0, hop + t) if s > 0 else 0.0 for s, t in enumerate(link_bwd)),
@@ -228,15 +241,16 @@ def fit_loaded(hw: HardwareProfile, key: str, threads: int = 1) -> tuple[tuple[f
     pp = len(probe["stage_s"])
     dp = hw.nodes * hw.workers_per_node // pp  # the pipelines the probe ran side by side
     env = environment(hw, Plan("hybrid", pp * dp, pp * dp, pp=pp, dp=dp, microbatches=8, threads=threads))
+    cold = key == "pipeline_world" and world_runs_cold(hw, threads)
     sharing = lambda k: env.sharing_slowdown(k * dp / env.nodes_used)  # noqa: E731  (as ``pipeline.simulate_plan``)
     rank = probe.get("ranks") or list(range(pp))  # stage s's global rank
     first = transfer_time(hw, probe["message_bytes"], rank[0], rank[1])  # held in the fitted latency
 
-    action = lambda p: sum(f + b for f, b in p["stage_s"]) / (2 * pp) + hw.pipeline_action_s  # noqa: E731
+    action = lambda p: sum(f + b for f, b in probe_stage_times(p, cold)) / (2 * pp) + hw.pipeline_action_s  # noqa: E731
     return longest_increasing([(action(probe), fitted[1])] + [
         (action(p), fit_pipeline_runtime(p, hw.pipeline_action_s, slowdown=sharing, step_s=fitted[0],
                                          links=_probe_links(hw, p, rank, first),
-                                         busy_sender_s=hw.busy_sender_s)[1])
+                                         busy_sender_s=hw.busy_sender_s, cold=cold)[1])
         for p in probe.get("loaded", [])])
 
 
@@ -284,6 +298,18 @@ def fit_busy_sender(hw: HardwareProfile, grid_s: float = 1e-4, most_s: float = 6
                    for order, costs, m in runs)
 
     return min((i * grid_s for i in range(round(most_s / grid_s) + 1)), key=squares)
+
+
+def world_runs_cold(hw: HardwareProfile, threads: int = 1) -> bool:
+    """Whether the pipeline probe over every worker (``pipeline_world``) is fitted with its stages'
+    cold times, as ``predict.pipeline.runs_cold`` takes a plan of that shape."""
+    from partrain.predict.pipeline import runs_cold
+    from partrain.predict.plan import Plan
+    from partrain.predict.prediction import environment
+
+    world = hw.nodes * hw.workers_per_node
+    plan = Plan("gpipe", world, world, pp=world, microbatches=8, schedule="gpipe", threads=threads)
+    return runs_cold(plan, environment(hw, plan))
 
 
 def fit_loads(hw: HardwareProfile, threads: int = 1) -> HardwareProfile:
@@ -373,6 +399,8 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
                                       **({"pipeline_world": world} if world else {})})),
     )
     hw.busy_sender_s = fit_busy_sender(hw)  # then the probes over more stages, with their messages delayed so
-    fit = lambda probe: fit_pipeline_runtime(probe, hw.pipeline_action_s, busy_sender_s=hw.busy_sender_s)  # noqa: E731
-    hw.pipeline_side_by_side, hw.pipeline_world = (fit(probe) if probe else None for probe in (side, world))
+    fit = lambda probe, cold=False: fit_pipeline_runtime(probe, hw.pipeline_action_s,  # noqa: E731
+                                                         busy_sender_s=hw.busy_sender_s, cold=cold)
+    hw.pipeline_side_by_side = fit(side) if side else None
+    hw.pipeline_world = fit(world, world_runs_cold(hw, threads)) if world else None
     return fit_loads(hw, threads)

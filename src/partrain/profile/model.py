@@ -59,6 +59,7 @@ from partrain.profile.timing import (
     TARGET_S,
     Stopwatch,
     cpu_seconds,
+    evict_caches,
     median_times,
     others_share,
     timed,
@@ -72,6 +73,7 @@ from partrain.strategies.traced import TracedSpan, traced_blocks
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
 OPTIMIZER_REPEATS = 10
+COLD_REPEATS = 20  # a block's cold forward and backward: each waits for two cache evictions (~1 ms)
 
 
 # ---- measuring ----------------------------------------------------------------------------
@@ -127,6 +129,34 @@ def _time_block(block: nn.Module, x, needs_grad: bool, watch: Stopwatch, amp) ->
     return median_times(run, warm_up=False, target_s=CUDA_TARGET_S if watch.cuda else TARGET_S)
 
 
+def _time_block_cold(block: nn.Module, x, needs_grad: bool, amp) -> list[float]:
+    """Median [forward, backward] seconds of ``block`` on ``x`` on a CPU, each started with the
+    core's caches written over (``timing.evict_caches``): where a node's workers outnumber its
+    cores, another worker runs on the core while a pipeline stage waits for its next message,
+    and the stage's next action starts cold. Small blocks feel it most: on a 2-core VM a
+    LayerNorm/GELU block at 4 samples ran 2.6x its back-to-back forward and 2.1x its backward,
+    the probes' 64-wide linear layers over 2 rows 4.3x, a gpt block 1.1x; inside 4-stage
+    pipelines on 4 workers, the gallery's models ran 13-29% slower than predicted from the
+    back-to-back times. Fewer repeats than ``_time_block``: what is cold is small."""
+    grad = None
+
+    def run() -> tuple[float, float]:
+        nonlocal grad
+        block.zero_grad(set_to_none=True)
+        inp = outputs.detached(x, needs_grad)
+        evict_caches()
+        start = time.perf_counter()
+        with amp():
+            out = block(inp)
+        forward = time.perf_counter() - start
+        evict_caches()
+        start = time.perf_counter()
+        grad = outputs.backward(out, grad)
+        return forward, time.perf_counter() - start
+
+    return median_times(run, warm_up=False, max_repeats=COLD_REPEATS, target_s=TARGET_S / 2)
+
+
 def _time_optimizer(params: list[nn.Parameter], kind: str, device: torch.device) -> float:
     """Median seconds of one ``kind`` optimizer step over ``params``, each on fresh gradients
     (as after a backward: newly written memory, not the cache-warm tensors of the last step)."""
@@ -161,7 +191,8 @@ def _profile_blocks(blocks: list[nn.Module], x, watch: Stopwatch, amp) -> list[d
         needs_grad = i > 0  # the data does not need a gradient: block 0 skips its input gradient
         out, saved, saves_in, saves_out, flops = _inspect_block(block, outputs.detached(x, needs_grad), amp)
         fwd, bwd = _time_block(block, x, needs_grad, watch, amp)
-        rows.append({"fwd_s": fwd, "bwd_s": bwd, "out_bytes": outputs.nbytes(out),
+        cold = [] if watch.cuda else _time_block_cold(block, x, needs_grad, amp)  # a GPU's host does not compute
+        rows.append({"fwd_s": fwd, "bwd_s": bwd, "cold": cold, "out_bytes": outputs.nbytes(out),
                      "saved_bytes": saved, "saves_input": saves_in, "saves_output": saves_out, "flops": flops})
         block.zero_grad(set_to_none=True)
         x = out
@@ -320,6 +351,8 @@ def _block_profile(name: str, block: nn.Module, rows: list[dict], device: torch.
         buffer_bytes=sum(b.numel() * b.element_size() for b in block.buffers()),
         fwd_s=[r["fwd_s"] for r in rows],
         bwd_s=[r["bwd_s"] for r in rows],
+        fwd_cold_s=[r["cold"][0] for r in rows if r["cold"]],
+        bwd_cold_s=[r["cold"][1] for r in rows if r["cold"]],
         out_bytes=[r["out_bytes"] for r in rows],
         saved_bytes=[r["saved_bytes"] for r in rows],
         saves_input=rows[0]["saves_input"],

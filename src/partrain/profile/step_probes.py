@@ -118,19 +118,40 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
     inp = x.requires_grad_(rank > 0)
     grad = torch.ones(rows, width, device=device)
 
-    def forward_backward():  # the last stage's backward starts from the loss
-        out = module(inp)
+    def backward(out):  # the last stage's backward starts from the loss
         (F.cross_entropy(out, y) if rank == last else out).backward(None if rank == last else grad)
 
     for turn in range(stages):  # alone: the others wait in the barrier
         dist.barrier(group)
         if turn == rank:
             fwd = _median_of(lambda: module(inp))
-            bwd = max(0.0, _median_of(forward_backward) - fwd)
+            bwd = max(0.0, _median_of(lambda: backward(module(inp))) - fwd)
+            cold = _cold_times(module, inp, backward) if torch.device(device).type == "cpu" else None
     dist.barrier(group)
-    stage_s = [None] * stages
+    stage_s, stage_cold_s = [None] * stages, [None] * stages
     dist.all_gather_object(stage_s, (fwd, bwd), group=group)
-    return {"steps": timed, "stage_s": stage_s, "message_bytes": rows * width * 4}
+    dist.all_gather_object(stage_cold_s, cold, group=group)
+    return {"steps": timed, "stage_s": stage_s, "message_bytes": rows * width * 4,
+            **({"stage_cold_s": stage_cold_s} if cold else {})}
+
+
+def _cold_times(module: nn.Module, inp: torch.Tensor, backward, repeats: int = 20) -> tuple[float, float]:
+    """Median seconds of a probe stage's forward and of its backward, each started with the core's
+    caches written over (``timing.evict_caches``), as a stage's actions start where the node's
+    workers outnumber its cores (``BlockProfile.fwd_cold_s``)."""
+    from partrain.profile.timing import evict_caches
+
+    fwd, bwd = [], []
+    for _ in range(repeats):
+        evict_caches()
+        start = time.perf_counter()
+        out = module(inp)
+        fwd.append(time.perf_counter() - start)
+        evict_caches()
+        start = time.perf_counter()
+        backward(out)
+        bwd.append(time.perf_counter() - start)
+    return statistics.median(fwd), statistics.median(bwd)
 
 
 # (micro-batch rows, width, layers) of the probes' loaded stages: a forward and backward of
