@@ -9,6 +9,7 @@ workers, with a timeout.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from pathlib import Path
 
@@ -80,3 +81,22 @@ def test_host_speed_times_every_core_at_once(benchmarks):
         assert set(slots) <= set(range(8)) and len(slots) >= 4 and min(slots.values()) > 0
     s = bench.summarize(series)
     assert s["synchronous"] >= 1.0 and s["serial"] >= 1.0 - 1e-9
+
+
+def test_cold_actions_reads_each_ranks_forward_and_backward_spans_after_the_warm_up(benchmarks, tmp_path):
+    bench = benchmarks("cold_actions")
+    events = []
+    for rank in (0, 1):
+        for step in range(8):
+            t = 1000 * step
+            events.append({"ph": "X", "pid": rank, "name": "step", "ts": t, "dur": 900})
+            events.append({"ph": "X", "pid": rank, "name": "F0", "ts": t + 10, "dur": 100 * (rank + 1) + step})
+            events.append({"ph": "X", "pid": rank, "name": "B0", "ts": t + 200, "dur": 300})
+            events.append({"ph": "X", "pid": rank, "name": "data", "ts": t, "dur": 5})
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    got = bench.spans(trace)
+    assert sorted(got) == [0, 1]
+    assert got[0]["F"] == pytest.approx([(100 + s) / 1e6 for s in (5, 6, 7)])  # steps 5..7: after the warm-up
+    assert got[1]["F"] == pytest.approx([(200 + s) / 1e6 for s in (5, 6, 7)])
+    assert got[1]["B"] == pytest.approx([300 / 1e6] * 3)
