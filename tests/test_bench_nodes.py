@@ -25,7 +25,7 @@ from partrain.predict.plan import Plan
 from partrain.predict.profiles import HardwareProfile
 from partrain.predict.predictor import predict_plan
 from partrain.profile.cache import hardware_across
-from partrain.profile.hardware import fit_loaded
+from partrain.profile.pipeline_fits import fit_loaded
 from partrain.testing import netns
 from partrain.validate_recommend import recommendation_outcomes
 from partrain.validate_nodes import link_rates, validate_across_nodes

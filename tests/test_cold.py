@@ -13,7 +13,7 @@ from partrain.predict.cluster import load_cluster
 from partrain.predict.pipeline import _pipeline_costs, runs_cold, stage_bounds
 from partrain.predict.prediction import environment
 from partrain.predict.profiles import ModelProfile
-from partrain.profile.hardware import fit_loaded, probe_stage_times, world_runs_cold
+from partrain.profile.pipeline_fits import fit_loaded, probe_stage_times, world_runs_cold
 from partrain.profile.model import profile_model
 from partrain.profile.timing import core_cache_bytes
 from tests.probe_worker import simulated_world_probe

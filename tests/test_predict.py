@@ -416,7 +416,7 @@ def test_the_busy_sender_delay_is_fitted_to_the_pair_probe_over_loaded_stages(cl
     """``fit_busy_sender`` finds the delay the simulation of the probe's GPipe and 1F1B runs
     (4 and 8 micro-batches, two loads) was given, with the probe's own step cost and hop; 0
     where the pair was not probed over loaded stages (a GPU, a profile before MEASUREMENT 16)."""
-    from partrain.profile.hardware import fit_busy_sender
+    from partrain.profile.pipeline_fits import fit_busy_sender
 
     action, step, hop, busy = 4e-5, 1.2e-3, 3e-4, 2.1e-3
     hw = dataclasses.replace(cluster, nodes=1, workers_per_node=2, cores_per_node=2, compute_sharing={}, sync_s={},
@@ -438,7 +438,7 @@ def test_the_busy_sender_delay_is_fitted_to_the_pair_probe_over_loaded_stages(cl
 def test_pipeline_runtime_fit_recovers_its_constants(n):
     """The probe of 2 stages, and the one over every worker (4 here): the fit finds the step cost
     and the hop the simulation of its schedules was given."""
-    from partrain.profile.hardware import fit_pipeline_runtime
+    from partrain.profile.pipeline_fits import fit_pipeline_runtime
 
     stage_s, action, step, hop = [(1e-4, 2e-4), (1e-4, 3e-4), (2e-4, 2e-4), (1e-4, 1e-4)][:n], 4e-5, 4e-4, 3e-4
     fwd = tuple(f + action for f, _ in stage_s)
@@ -463,7 +463,7 @@ def test_a_pipeline_probed_over_loaded_stages_gives_each_load_its_own_hop(cluste
     the first probe's (over two nodes the middle one crosses the slower link); and paired with
     its stages' mean action time."""
     from partrain.predict.comm import wire_time
-    from partrain.profile.hardware import fit_loaded
+    from partrain.profile.pipeline_fits import fit_loaded
     from tests.probe_worker import simulated_world_probe
 
     action, step, dp = 4e-5, 3e-4, 4 // pp

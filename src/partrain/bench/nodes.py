@@ -30,7 +30,7 @@ from partrain.distributed.spawn import child_env
 from partrain.errors import PartrainError
 from partrain.predict.profiles import HardwareProfile
 from partrain.profile.cache import hardware_across, hardware_for, hardware_path, profile_dir
-from partrain.profile.hardware import fit_loads
+from partrain.profile.pipeline_fits import fit_loads
 from partrain.testing import netns
 from partrain.testing.netns import EmulatedNodes, Link, torchrun_across
 

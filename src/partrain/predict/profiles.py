@@ -51,7 +51,7 @@ MODEL_MEASUREMENT = 4
 
 class PipelineRuntime(NamedTuple):
     """What ``torch.distributed.pipelining`` costs beyond the stages' compute, fitted to the
-    hardware profile's probe (``profile.hardware.fit_pipeline_runtime``)."""
+    hardware profile's probe (``profile.pipeline_fits.fit_pipeline_runtime``)."""
 
     step_s: float  # once per step (splitting the batch, merging losses, waking the stages)
     hop_s: float | None  # one message between stages, the probe's link time included; None: no probe
@@ -100,12 +100,12 @@ class HardwareProfile(JsonProfile):
     # None where not measured (fewer than 3 workers, a cluster file)
     pipeline_world: tuple[float, float] | None = None
     # each probe's (seconds of a stage's action, pipeline_hop_s) as its stages compute more, the first
-    # its own; empty where not measured (``profile.hardware.fit_loaded``)
+    # its own; empty where not measured (``profile.pipeline_fits.fit_loaded``)
     pipeline_world_loaded: tuple[tuple[float, float], ...] = ()
     pipeline_side_by_side_loaded: tuple[tuple[float, float], ...] = ()
     # how much later a worker waiting for a pipeline message wakes when the message's sender goes on
     # computing (at most until the sender waits): ``pipeline_sim.simulate``'s ``busy_sender_s``,
-    # fitted to the two-stage probe over loaded stages (``profile.hardware.fit_busy_sender``); 0 where
+    # fitted to the two-stage probe over loaded stages (``profile.pipeline_fits.fit_busy_sender``); 0 where
     # not measured (a GPU's host does not compute, a cluster file, a profile before MEASUREMENT 16)
     busy_sender_s: float = 0.0
 

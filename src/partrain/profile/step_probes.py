@@ -186,7 +186,7 @@ def measure_pair_loaded(group, device, loads=PAIR_LOADS) -> list[dict]:
     """``measure_pipeline_hops`` of the pair ``group`` over each of ``loads``, 4 and 8
     micro-batches of GPipe and 1F1B (3 rounds of 4 steps; 5 s on a 2-core VM, 10 s beside two
     busy workers): where a message's sender computes on after sending it, its receiver waits
-    longer than the idle probe's latency (``profile.hardware.fit_busy_sender``). Both ranks
+    longer than the idle probe's latency (``profile.pipeline_fits.fit_busy_sender``). Both ranks
     call this; rank 0 gets the result."""
     return [measure_pipeline_hops(group, device, width=width, microbatches=(4, 8), rounds=3, steps=4, rows=rows,
                                   depth=depth) for rows, width, depth in loads]
