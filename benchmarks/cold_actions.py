@@ -7,16 +7,17 @@ each, ``--trace``), and prints per stage the median forward and backward span in
 schedule (``SpanStage``: the stage's ``forward_one_chunk`` and ``backward_one_chunk``, the
 runtime's own work in them included) beside the profile's back-to-back and cold stage times
 (``compute.stage_times``; cold: each block from caches written over, ``timing.evict_caches``)
-plus the runtime's measured cost per action. The profile's cut is the one the predictor takes;
-the run cuts by its own timings and may cut elsewhere (the stage's blocks are printed).
+plus the runtime's measured cost per action. The run is told the predictor's cut
+(``--split-points``): left to itself it cuts by its own timings, maybe elsewhere.
 
 Where the workers outnumber the cores, a stage that waits gives its core to another worker,
 and its next action starts from caches that worker wrote over. On the 2-core VM partrain is
 developed on (session 58, torch 2.13), the gallery's LayerNorm/GELU token model at batch 32
-over 8 micro-batches on 4 workers ran its middle stages' forwards in 0.25-0.27 ms and backwards
-in 0.32-0.33 ms: back to back 0.10 and 0.14 ms with the runtime's 0.04, cold 0.19 and 0.26.
-On 2 workers, a core each, the first stage's forwards (run back to back by GPipe) took what the
-back-to-back times say.
+over 8 micro-batches on 4 workers (one block a middle stage) ran its middle stages' forwards in
+0.32 ms and backwards in 0.40 ms: back to back 0.19 and 0.26 ms with the runtime's 0.08, cold
+0.33 and 0.42. The first stage's forwards and the last stage's backwards, which GPipe runs back
+to back, took 0.25 and 0.22 ms, near their back-to-back 0.22 and 0.20 (cold 0.44 and 0.34): the
+predictor takes every action of such a pipeline cold, which over-counts those runs.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "partrain", "train", "--model", args.model, "--dataset", args.dataset,
                         "--synthetic", "--strategy", "gpipe", "--workers", str(args.workers), "--batch-size",
                         str(args.batch_size), "--microbatches", str(args.microbatches), "--threads", "1",
-                        "--steps", str(args.steps), "--no-eval", "--no-predicted", "--trace", str(trace)],
+                        "--steps", str(args.steps), "--no-eval", "--no-predicted", "--trace", str(trace),
+                        "--split-points", ",".join(str(lo) for lo, _ in bounds[1:])],
                        check=True, stdout=subprocess.DEVNULL)
         measured = spans(trace)
     rows = []
