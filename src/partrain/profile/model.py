@@ -59,7 +59,7 @@ from partrain.profile.timing import (
     TARGET_S,
     Stopwatch,
     cpu_seconds,
-    evict_caches,
+    cold_run,
     median_times,
     others_share,
     timed,
@@ -138,22 +138,22 @@ def _time_block_cold(block: nn.Module, x, needs_grad: bool, amp) -> list[float]:
     the probes' 64-wide linear layers over 2 rows 4.3x, a gpt block 1.1x; inside 4-stage
     pipelines on 4 workers, the gallery's models ran 13-29% slower than predicted from the
     back-to-back times. Fewer repeats than ``_time_block``: what is cold is small."""
-    grad = None
+    grad = inp = None
 
-    def run() -> tuple[float, float]:
-        nonlocal grad
+    def prepare() -> None:
+        nonlocal inp
         block.zero_grad(set_to_none=True)
         inp = outputs.detached(x, needs_grad)
-        evict_caches()
-        start = time.perf_counter()
-        with amp():
-            out = block(inp)
-        forward = time.perf_counter() - start
-        evict_caches()
-        start = time.perf_counter()
-        grad = outputs.backward(out, grad)
-        return forward, time.perf_counter() - start
 
+    def forward():
+        with amp():
+            return block(inp)
+
+    def backward(out) -> None:
+        nonlocal grad
+        grad = outputs.backward(out, grad)
+
+    run = cold_run(forward, backward, prepare)
     return median_times(run, warm_up=False, max_repeats=COLD_REPEATS, target_s=TARGET_S / 2)
 
 

@@ -139,18 +139,10 @@ def _cold_times(module: nn.Module, inp: torch.Tensor, backward, repeats: int = 2
     """Median seconds of a probe stage's forward and of its backward, each started with the core's
     caches written over (``timing.evict_caches``), as a stage's actions start where the node's
     workers outnumber its cores (``BlockProfile.fwd_cold_s``)."""
-    from partrain.profile.timing import evict_caches
+    from partrain.profile.timing import cold_run
 
-    fwd, bwd = [], []
-    for _ in range(repeats):
-        evict_caches()
-        start = time.perf_counter()
-        out = module(inp)
-        fwd.append(time.perf_counter() - start)
-        evict_caches()
-        start = time.perf_counter()
-        backward(out)
-        bwd.append(time.perf_counter() - start)
+    run = cold_run(lambda: module(inp), backward)
+    fwd, bwd = zip(*(run() for _ in range(repeats)))
     return statistics.median(fwd), statistics.median(bwd)
 
 

@@ -125,6 +125,24 @@ def evict_caches() -> None:
     _EVICT[0].add_(1.0)
 
 
+def cold_run(forward: Callable[[], object], backward: Callable[[object], object],
+             prepare: Callable[[], object] = lambda: None) -> Callable[[], tuple[float, float]]:
+    """A ``median_times`` run of (forward seconds, backward seconds), each started with the caches
+    written over (``evict_caches``), after the untimed ``prepare``: ``backward`` takes ``forward``'s output."""
+    def run() -> tuple[float, float]:
+        prepare()
+        evict_caches()
+        start = time.perf_counter()
+        out = forward()
+        forward_s = time.perf_counter() - start
+        evict_caches()
+        start = time.perf_counter()
+        backward(out)
+        return forward_s, time.perf_counter() - start
+
+    return run
+
+
 def cpu_seconds() -> tuple[float, float]:
     """(CPU seconds every process has used, CPU seconds this one and its children have), from /proc/stat."""
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
