@@ -24,17 +24,19 @@ def side_by_side(rounds: int, steps: int) -> dict:
 
 
 def simulated_world_probe(stage_s, hop: float, step: float, action: float, slowdown, nbytes: int = 512,
-                          links=None) -> dict:
+                          links=None, cold_s=None) -> dict:
     """``measure_world_pipeline``'s record of one load, its step times the simulation's: stages
     of ``stage_s`` (forward, backward) plus the runtime's ``action`` each, ``hop`` a message
     (plus, per stage, ``links``' seconds ahead and back, with their wire times), ``step`` a
-    step, the cores shared by ``slowdown``; 8 micro-batches of both schedules."""
+    step, the cores shared by ``slowdown``; 8 micro-batches of both schedules. ``cold_s``: each
+    stage's (forward, backward) after its rank waited, recorded as the probe's ``stage_cold_s``."""
     n = len(stage_s)
     ahead, back, wire_ahead, wire_back = links or ((0.0,) * n, (0.0,) * n, (), ())
     costs = PipelineCosts(tuple(f + action for f, _ in stage_s), tuple(b + action for _, b in stage_s),
                           tuple(hop + t if s < n - 1 else 0.0 for s, t in enumerate(ahead)),
                           tuple(hop + t if s > 0 else 0.0 for s, t in enumerate(back)),
-                          after=((StepWork("runtime", step),),) * n, wire_fwd=tuple(wire_ahead), wire_bwd=tuple(wire_back))
+                          after=((StepWork("runtime", step),),) * n, wire_fwd=tuple(wire_ahead), wire_bwd=tuple(wire_back),
+                          fwd_cold=tuple(f + action for f, _ in cold_s or ()), bwd_cold=tuple(b + action for _, b in cold_s or ()))
     return {"stage_s": [list(s) for s in stage_s], "message_bytes": nbytes, "steps": [
         {"schedule": s, "microbatches": 8, "step_s": simulate(schedule_order(s, n, 8), costs, slowdown).step_s}
-        for s in ("gpipe", "1f1b")]}
+        for s in ("gpipe", "1f1b")], **({"stage_cold_s": [list(s) for s in cold_s]} if cold_s else {})}

@@ -49,7 +49,8 @@ def _microbatch(plan: Plan) -> float:
 
 
 def runs_cold(plan: Plan, env: Env) -> bool:
-    """Whether ``plan``'s stages run their blocks from cold caches (``compute.block_times``).
+    """Whether ``plan``'s stages run their blocks from cold caches (``compute.block_times``) after
+    they waited (``pipeline_sim.simulate``).
 
     Where the workers outnumber the cores, a stage that waits for a message gives its core to
     another worker, and its next action starts from caches that worker wrote over. Inside a
@@ -69,14 +70,20 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     b = _microbatch(plan)
     n, m = len(bounds), plan.microbatches
     alone = plan.workers == 1  # every stage on one worker: the runtime's costs are the model's own (below)
-    fwd, bwd = compute.stage_times(profile, bounds, b, plan.recompute, cold=runs_cold(plan, env))
     action = 0.0 if alone else hw.pipeline_action_s  # the runtime's own cost per micro-batch action, measured on this hardware
     # every micro-batch after the first adds its parameter gradients into .grad (AccumulateGrad),
     # spread here evenly over the stage's m backwards; once the step's backwards are done the
     # schedule divides every gradient by m (scale_grads): one read and one write, 2/3 of that pass
     grad_pass = [compute.gradient_pass_time(profile, range(*bounds[s])) for s in range(n)]
-    fwd = tuple(t / env.speed + action for t in fwd)
-    bwd = tuple((t + grad_pass[s] * (m - 1) / m) / env.speed + action for s, t in enumerate(bwd))
+
+    def actions(cold: bool) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        fwd, bwd = compute.stage_times(profile, bounds, b, plan.recompute, cold=cold)
+        return (tuple(t / env.speed + action for t in fwd),
+                tuple((t + grad_pass[s] * (m - 1) / m) / env.speed + action for s, t in enumerate(bwd)))
+
+    cold = runs_cold(plan, env)
+    fwd, bwd = actions(cold=False)
+    fwd_cold, bwd_cold = actions(cold=True) if cold else ((), ())
     rank = lambda s: (s % plan.pp) * plan.dp  # noqa: E731  (global rank of replica 0's stage s)
     out = [compute.at(profile, profile.blocks[e - 1].out_bytes, b) for _, e in bounds]
     # per stage, (bytes, from, to) of the message it sends on: none (0 bytes) past either end
@@ -84,7 +91,7 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     back = [(out[s - 1], rank(s), rank(s - 1)) if s > 0 else (0.0, 0, 0) for s in range(n)]
     # with more workers than cores, a message between stages costs more the longer they compute
     # (measured: ``HardwareProfile.pipeline_world_loaded``); the stages' mean action picks it
-    action_s = sum(fwd + bwd) / (2 * n)
+    action_s = sum(fwd_cold + bwd_cold if cold else fwd + bwd) / (2 * n)
     send_fwd, send_bwd = (tuple(stage_transfer_time(hw, *msg, plan.dp, plan.pp, action_s) for msg in msgs)
                           for msgs in (ahead, back))
     wire_fwd, wire_bwd = (tuple(wire_time(hw, *msg) for msg in msgs) for msgs in (ahead, back))
@@ -119,7 +126,8 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
                + (compute.loop_time(profile) + wrapper * grad_bytes / max(1, profile.param_bytes)) / env.speed)
         after.append((StepWork("runtime", own), StepWork("runtime", shared, cpu=False),
                       StepWork("allreduce", reduce, cpu=False), StepWork("optimizer", opt)))
-    return PipelineCosts(fwd, bwd, send_fwd, send_bwd, tuple(before), tuple(after), wire_fwd, wire_bwd)
+    return PipelineCosts(fwd, bwd, send_fwd, send_bwd, tuple(before), tuple(after), wire_fwd, wire_bwd,
+                         fwd_cold, bwd_cold)
 
 
 def simulate_plan(profile: ModelProfile, hw: HardwareProfile, plan: Plan, transfers: bool = True) -> SimResult:

@@ -33,10 +33,11 @@ vol. 2, 1976). On a CPU host, a stage woken by a message while its sender comput
 a pause (GPipe's first stage runs its forwards back to back, its last stage its backwards)
 queues behind the sender on a core: it starts ``busy_sender_s`` later (measured), or as soon
 as the sender waits for anything; a stage that receives right after sending (1F1B's steady
-state) pauses in gloo's rendezvous and lets it run. Several consecutive steps are simulated
-and the steady-state period of rank 0 is the step time, as the training loop measures it
-there. The bubble is nothing but the idle time this produces: no closed-form formula is used.
-"""
+state) pauses in gloo's rendezvous and lets it run. With more workers than cores, an action
+whose rank waited before it takes its stage's cold time, where given: another worker ran on its
+core and wrote over its caches meanwhile. Several consecutive steps are simulated and rank 0's
+steady-state period is the step time, as the training loop measures it there. The bubble is
+nothing but the idle time this produces: no closed-form formula is used."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ import math
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 EPS = 1e-12
 
@@ -142,16 +143,21 @@ class PipelineCosts:
     # the wire); the rest is latency. Empty: messages never queue (as on a fast link)
     wire_fwd: tuple[float, ...] = ()
     wire_bwd: tuple[float, ...] = ()
+    # per stage, its forward and backward from cold caches: what an action takes when its rank
+    # waited before it, and another worker used its core meanwhile. Empty: never cold
+    fwd_cold: tuple[float, ...] = ()
+    bwd_cold: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         # a NaN never compares as later or earlier, so the event loop would wait for it forever
-        times = [*self.fwd, *self.bwd, *self.send_fwd, *self.send_bwd, *self.wire_fwd, *self.wire_bwd]
+        times = [*self.fwd, *self.bwd, *self.send_fwd, *self.send_bwd, *self.wire_fwd, *self.wire_bwd,
+                 *self.fwd_cold, *self.bwd_cold]
         if not all(math.isfinite(t) and t >= 0 for t in times):
             raise ValueError(f"pipeline costs must be finite seconds >= 0, got {times}")
 
     def without_transfers(self) -> PipelineCosts:
         zero = tuple(0.0 for _ in self.fwd)
-        return PipelineCosts(self.fwd, self.bwd, zero, zero, self.before, self.after)
+        return replace(self, send_fwd=zero, send_bwd=zero, wire_fwd=(), wire_bwd=())
 
     def wire(self, kind: str, stage: int) -> float:
         """How long the message ``kind`` ("F" or "B") of ``stage`` to its neighbour holds its connection."""
@@ -342,6 +348,8 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, slowdown: Callabl
                 at = ready_at(op)
                 if at is None or at > t + EPS:
                     continue
+                if op.kind in ("F", "B") and costs.fwd_cold and t > free[r] + EPS:  # it waited: another
+                    op.work = (costs.fwd_cold if op.kind == "F" else costs.bwd_cold)[op.stage]  # worker had its caches
                 op.start, op.left, progress = t, op.work, True
                 started[(op.kind, op.stage, op.mb, op.step)] = t
                 if op.kind == "F":

@@ -58,15 +58,16 @@ def probe_stage_times(probe: dict, cold: bool = False) -> list[tuple[float, floa
 
 def _probe_costs(probe: dict, action_s: float, hop: float, links=None, cold: bool = False) -> PipelineCosts:
     """The simulation's costs of a pipeline probe: each stage's timed forward and backward
-    (``probe_stage_times``) plus the runtime's ``action_s``, each message ``hop`` plus ``links``'
+    (``probe_stage_times``), and from cold caches where ``cold``, plus the runtime's ``action_s``, each message ``hop`` plus ``links``'
     time beyond it (``_probe_links``; none: the hop alone)."""
-    stages = probe_stage_times(probe, cold)
-    n = len(stages)
-    fwd, bwd = (tuple(stage[i] + action_s for stage in stages) for i in (0, 1))
+    n = len(probe["stage_s"])
+    fwd, bwd = (tuple(stage[i] + action_s for stage in probe_stage_times(probe)) for i in (0, 1))
+    fwd_cold, bwd_cold = ((tuple(stage[i] + action_s for stage in probe_stage_times(probe, cold=True)) for i in (0, 1))
+                          if cold else ((), ()))
     link_fwd, link_bwd, wire_fwd, wire_bwd = links or ((0.0,) * n, (0.0,) * n, (), ())
     return PipelineCosts(fwd, bwd, tuple(max(0.0, hop + t) if s < n - 1 else 0.0 for s, t in enumerate(link_fwd)),
                          tuple(max(0.0, hop + t) if s > 0 else 0.0 for s, t in enumerate(link_bwd)),
-                         wire_fwd=tuple(wire_fwd), wire_bwd=tuple(wire_bwd))
+                         wire_fwd=tuple(wire_fwd), wire_bwd=tuple(wire_bwd), fwd_cold=fwd_cold, bwd_cold=bwd_cold)
 
 
 def _probe_links(hw: HardwareProfile, probe: dict, rank, first: float) -> tuple:
