@@ -35,8 +35,9 @@ def simulated_world_probe(stage_s, hop: float, step: float, action: float, slowd
     costs = PipelineCosts(tuple(f + action for f, _ in stage_s), tuple(b + action for _, b in stage_s),
                           tuple(hop + t if s < n - 1 else 0.0 for s, t in enumerate(ahead)),
                           tuple(hop + t if s > 0 else 0.0 for s, t in enumerate(back)),
-                          after=((StepWork("runtime", step),),) * n, wire_fwd=tuple(wire_ahead), wire_bwd=tuple(wire_back),
-                          fwd_cold=tuple(f + action for f, _ in cold_s or ()), bwd_cold=tuple(b + action for _, b in cold_s or ()))
+                          after=((StepWork("runtime", step),),) * n, wire_fwd=tuple(wire_ahead),
+                          wire_bwd=tuple(wire_back), fwd_cold=tuple(f + action for f, _ in cold_s or ()),
+                          bwd_cold=tuple(b + action for _, b in cold_s or ()))
     return {"stage_s": [list(s) for s in stage_s], "message_bytes": nbytes, "steps": [
         {"schedule": s, "microbatches": 8, "step_s": simulate(schedule_order(s, n, 8), costs, slowdown).step_s}
         for s in ("gpipe", "1f1b")], **({"stage_cold_s": [list(s) for s in cold_s]} if cold_s else {})}

@@ -348,8 +348,8 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, slowdown: Callabl
                 at = ready_at(op)
                 if at is None or at > t + EPS:
                     continue
-                if op.kind in ("F", "B") and costs.fwd_cold and t > free[r] + EPS:  # it waited: another
-                    op.work = (costs.fwd_cold if op.kind == "F" else costs.bwd_cold)[op.stage]  # worker had its caches
+                if op.kind in ("F", "B") and costs.fwd_cold and t > free[r] + EPS:  # it waited, so its
+                    op.work = (costs.fwd_cold if op.kind == "F" else costs.bwd_cold)[op.stage]  # caches went cold
                 op.start, op.left, progress = t, op.work, True
                 started[(op.kind, op.stage, op.mb, op.step)] = t
                 if op.kind == "F":

@@ -58,8 +58,9 @@ def probe_stage_times(probe: dict, cold: bool = False) -> list[tuple[float, floa
 
 def _probe_costs(probe: dict, action_s: float, hop: float, links=None, cold: bool = False) -> PipelineCosts:
     """The simulation's costs of a pipeline probe: each stage's timed forward and backward
-    (``probe_stage_times``), and from cold caches where ``cold``, plus the runtime's ``action_s``, each message ``hop`` plus ``links``'
-    time beyond it (``_probe_links``; none: the hop alone)."""
+    (``probe_stage_times``; also from cold caches where ``cold``, taken after a wait) plus the
+    runtime's ``action_s``, each message ``hop`` plus ``links``' time beyond it (``_probe_links``;
+    none: the hop alone)."""
     n = len(probe["stage_s"])
     fwd, bwd = (tuple(stage[i] + action_s for stage in probe_stage_times(probe)) for i in (0, 1))
     fwd_cold, bwd_cold = ((tuple(stage[i] + action_s for stage in probe_stage_times(probe, cold=True)) for i in (0, 1))
