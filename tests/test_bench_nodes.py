@@ -125,6 +125,11 @@ def test_emulated_nodes_share_the_machines_cores():
     two_by_two = dataclasses.replace(hw, workers_per_node=2, sync_s={2: 0.0})
     assert bench_nodes.shares_cores(two_by_two, 2, 2, {2: 0.0001, 4: 0.004}).sync_s == {1: 0.0001, 2: 0.004}
     assert bench_nodes.shares_cores(dataclasses.replace(hw, workers_per_node=1), 4, 2, {4: 0.004}).sync_s == {1: 0.004}
+    # ... with the compute the machine's probe timed it after, as much as k x nodes workers each ran
+    carried = bench_nodes.shares_cores(dataclasses.replace(two_by_two), 2, 2, {2: 0.0001, 4: 0.004},
+                                       {2: 0.005, 4: 0.011})
+    assert carried.sync_compute_s == {1: 0.005, 2: 0.011}
+    assert HardwareProfile.from_dict(json.loads(json.dumps(carried.to_dict()))).sync_compute_s == {1: 0.005, 2: 0.011}
 
 
 def test_emulated_nodes_fit_their_loaded_pipeline_probe_on_the_cores_they_share():

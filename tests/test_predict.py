@@ -575,13 +575,14 @@ def test_overlapped_allreduce_hides_what_backward_covers():
 def test_compute_sharing_fit_from_the_probe():
     probes = {"2": {"alone_s": 0.004, "together_s": 0.005, "synced_s": 0.0085},
               "3": {"alone_s": 0.004, "together_s": 0.0038, "synced_s": 0.0036}}
-    sharing, sync = fit_compute_sharing(probes, cores=1)
-    assert sharing == pytest.approx({2: 1.25, 3: 1.0})  # side by side never counts as faster than alone
+    sharing, sync, computed = fit_compute_sharing(probes, cores=1)
+    assert sharing == pytest.approx({2: 1.25, 3: 1.0})
+    assert computed == {2: 0.005, 3: 0.0038}  # what each worker computed side by side before the sync  # side by side never counts as faster than alone
     # more workers than cores: the whole difference, a tight loop's collective latency not taken off
     assert sync[2] == pytest.approx(0.0085 - 0.005)
     assert sync[3] == 0.0  # a window read faster with the sync than without: noise, no cost
     # with a core each, what the probe reads beyond computing is not a cost of its own
-    sharing2, sync2 = fit_compute_sharing(probes, cores=2)
+    sharing2, sync2, _ = fit_compute_sharing(probes, cores=2)
     assert sharing2 == sharing and sync2 == {2: 0.0, 3: 0.0}
 
 
@@ -641,6 +642,30 @@ def test_measured_sharing_and_sync_enter_data_parallel_steps(mlp_profile, cluste
     hybrid = Plan("hybrid", workers=2, batch_size=32, pp=1, dp=2, microbatches=2, schedule="1f1b", threads=1)
     assert predict_plan(mlp_profile, measured, hybrid).seconds_per_step - \
         predict_plan(mlp_profile, unsynced, hybrid).seconds_per_step == pytest.approx(0.002)
+
+
+def test_a_synchronisation_costs_the_share_of_the_probes_compute_that_a_step_computed(mlp_profile, cluster):
+    """The probe timed its sync after ``sync_compute_s`` of compute side by side: a step that
+    computes a quarter of that pays a quarter of it, one that computes more pays all of it,
+    and one with no compute recorded (a cluster file, an older profile) all of it."""
+    from partrain.predict.prediction import environment
+
+    mlp_profile = dataclasses.replace(mlp_profile, world_of_one_s={})
+    plan = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)
+    whole = dataclasses.replace(cluster, compute_sharing={2: 1.0}, sync_s={2: 0.002})
+    env = environment(dataclasses.replace(whole, sync_compute_s={2: 0.008}), plan)
+    assert env.sync_after(0.002) == pytest.approx(0.0005)
+    assert env.sync_after(0.02) == pytest.approx(0.002)
+    assert environment(whole, plan).sync_after(1e-6) == pytest.approx(0.002)
+    step = predict_plan(mlp_profile, whole, plan)
+    computed = step.data_s + step.compute_s + step.optimizer_s  # each worker's step, side by side
+    for long_ago in (computed * 4, computed / 2):
+        scaled = predict_plan(mlp_profile, dataclasses.replace(whole, sync_compute_s={2: long_ago}), plan)
+        assert step.comm_s - scaled.comm_s == pytest.approx(0.002 * (1 - min(1.0, computed / long_ago)))
+    # local SGD averaging every 4 steps synchronises after 4 steps of compute
+    local = dataclasses.replace(plan, strategy="local-sgd", average_every=4)
+    quarter = dataclasses.replace(whole, sync_compute_s={2: computed * 4})
+    assert predict_plan(mlp_profile, quarter, local).comm_s == pytest.approx(predict_plan(mlp_profile, whole, local).comm_s)
 
 
 def test_fsdp_on_cpu_waits_for_every_units_collectives(mlp_profile, cluster):

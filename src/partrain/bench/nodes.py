@@ -101,13 +101,15 @@ def ensure_link_profile(cell: Cell, run: Runner, max_mb: float, timeout: float, 
     cores = os.cpu_count() or 1
     # more workers than cores: what synchronising after computing side by side costs them is
     # this machine's, measured with as many local workers (measured now if not kept)
-    machine = hardware_for(cell.workers, directory)[0].sync_s if cell.workers > cores else {}
+    machine = hardware_for(cell.workers, directory)[0] if cell.workers > cores else None
     path.parent.mkdir(parents=True, exist_ok=True)
-    shares_cores(measured, cell.nodes, cores, machine).save(path)
+    shares_cores(measured, cell.nodes, cores, machine.sync_s if machine else None,
+                 machine.sync_compute_s if machine else None).save(path)
     return None
 
 
-def shares_cores(hardware: HardwareProfile, nodes: int, cores: int, machine_sync: dict[int, float] | None = None) -> HardwareProfile:
+def shares_cores(hardware: HardwareProfile, nodes: int, cores: int, machine_sync: dict[int, float] | None = None,
+                 machine_sync_compute: dict[int, float] | None = None) -> HardwareProfile:
     """The profile of ``nodes`` emulated nodes that share this machine's ``cores``: their
     compute contends machine-wide (``shared_cores``), the busy workers of every node against
     all the cores, not ``cores`` per node as the profiler saw from inside one. Each node plans
@@ -122,6 +124,7 @@ def shares_cores(hardware: HardwareProfile, nodes: int, cores: int, machine_sync
     machine, whose cost ``machine_sync`` holds (the machine's own hardware profile, by busy
     workers); the probe inside one node saw only its own k. (Issue 18: 2x2 and 4x1 nodes on
     2 cores ran their cnn steps 17-34% over predictions that had no such cost at 1-10 Gbit/s.)
+    With it, the compute it was timed after (``machine_sync_compute``: ``Env.sync_after``).
     """
     hardware.cores_per_node = max(1, cores // nodes)
     hardware.compute_speed = 1.0
@@ -129,6 +132,8 @@ def shares_cores(hardware: HardwareProfile, nodes: int, cores: int, machine_sync
     if machine_sync:
         hardware.sync_s = {k: machine_sync[k * nodes] for k in range(1, hardware.workers_per_node + 1)
                            if k * nodes in machine_sync}
+        hardware.sync_compute_s = {k: (machine_sync_compute or {})[k * nodes] for k in hardware.sync_s
+                                   if k * nodes in (machine_sync_compute or {})}
     hardware.source = (f"measured across {nodes} emulated nodes sharing {cores} cores ({hardware.cores_per_node} "
                        "per node for threads)")
     return fit_loads(hardware)  # the pipeline probes' loaded runs fitted again on the cores now shared

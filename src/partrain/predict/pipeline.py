@@ -107,7 +107,9 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
         grad_bytes = sum(profile.blocks[i].param_bytes for i in blocks)
         dp_ranks = [rank(stages[0]) + d for d in range(plan.dp)]
         reduce = collective_time(hw, "allreduce", grad_bytes, dp_ranks)  # hybrid: replicas' gradients
-        reduce += env.sync_s if plan.dp > 1 else 0.0  # ... after the replicas computed side by side
+        # ... after the replicas computed side by side: their m micro-batches on the rank's stages
+        computed = m * sum(fwd[s] + bwd[s] for s in stages) * env.slowdown(env.local_workers)
+        reduce += env.sync_after(computed) if plan.dp > 1 else 0.0
         opt = compute.optimizer_time(profile, kind, blocks) / env.speed
         scale = sum(grad_pass[s] for s in stages) * 2 / 3 / env.speed if m > 1 else 0.0
         # the schedule's per-step bookkeeping and gradient scaling, the loop's own, and a hybrid's

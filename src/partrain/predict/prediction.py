@@ -79,6 +79,21 @@ class Env:
     # averages, FSDP, a hybrid's replicas)
     sync_s: float
     shared_cores: int = 0  # nodes on one machine share its cores (``HardwareProfile.shared_cores``); 0: not
+    sync_compute_s: float = 0.0  # the compute per worker before the synchronisation sync_s timed; 0: unknown
+
+    def sync_after(self, compute_s: float) -> float:
+        """``sync_s`` for a step whose workers computed ``compute_s`` each, side by side, since
+        their last synchronisation: the probe's cost times ``compute_s`` over the compute it
+        timed it after, at most all of it. The slowest worker's lead grows with how long they
+        share the cores: the probe computed 11.4 ms each side by side (4 workers on 2 cores)
+        and read 2.9 ms, where the mlp's 4-worker DDP and local SGD steps, 0.6 ms of compute
+        each, ran 20-43% under predictions that added it whole, across emulated nodes as on
+        one machine; issue 17's small models on 4 workers, 1-3 ms, 15-53%. Scaled, issue
+        18's DDP cells read 7.4% (11.7% whole), local SGD 6.6% (8.4%); issue 17's 8.7% (10.0%)
+        and 10.7% (12.7%) (session 59, an AMD EPYC VM)."""
+        if self.sync_compute_s <= 0:
+            return self.sync_s
+        return self.sync_s * min(1.0, compute_s / self.sync_compute_s)
 
     def sharing_slowdown(self, busy_workers_per_node: float) -> float:
         """Compute time of a worker while ``busy_workers_per_node`` compute on its node, over
@@ -112,7 +127,8 @@ class Env:
 def environment(hw: HardwareProfile, plan: Plan) -> Env:
     local, threads = local_workers(plan.workers, hw), threads_for(plan.workers, hw, plan.threads)
     return Env(threads, local, math.ceil(plan.workers / local), hw.cores_per_node, hw.compute_speed,
-               hw.compute_sharing, hw.sync_s.get(local, 0.0) if plan.workers > 1 else 0.0, hw.shared_cores)
+               hw.compute_sharing, hw.sync_s.get(local, 0.0) if plan.workers > 1 else 0.0, hw.shared_cores,
+               hw.sync_compute_s.get(local, 0.0))
 
 
 def _baseline(profile: ModelProfile, hw: HardwareProfile, workers: int) -> dict:

@@ -108,6 +108,10 @@ class HardwareProfile(JsonProfile):
     # fitted to the two-stage probe over loaded stages (``profile.pipeline_fits.fit_busy_sender``); 0 where
     # not measured (a GPU's host does not compute, a cluster file, a profile before MEASUREMENT 16)
     busy_sender_s: float = 0.0
+    # k workers -> the compute each ran side by side before the synchronisation ``sync_s`` timed:
+    # a step that computes less between synchronisations pays that share of it (``Env.sync_after``);
+    # empty where not recorded (a cluster file, a profile before it was kept): the whole ``sync_s``
+    sync_compute_s: dict[int, float] = field(default_factory=dict)
 
     @property
     def stale(self) -> bool:
@@ -184,6 +188,7 @@ class HardwareProfile(JsonProfile):
             "pipeline_world_loaded": [list(p) for p in self.pipeline_world_loaded],
             "pipeline_side_by_side_loaded": [list(p) for p in self.pipeline_side_by_side_loaded],
             "busy_sender_s": self.busy_sender_s,
+            "sync_compute_s": {str(k): v for k, v in self.sync_compute_s.items()},
         }
 
     @classmethod
@@ -208,6 +213,7 @@ class HardwareProfile(JsonProfile):
             tuple(tuple(map(float, p)) for p in d.get("pipeline_world_loaded", ())),
             tuple(tuple(map(float, p)) for p in d.get("pipeline_side_by_side_loaded", ())),
             float(d.get("busy_sender_s", 0.0)),
+            {int(k): float(v) for k, v in d.get("sync_compute_s", {}).items()},
         )
 
 

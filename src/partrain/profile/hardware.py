@@ -150,11 +150,12 @@ def fit_measurements(raw: dict) -> tuple[dict[str, CostFit], dict[str, dict[int,
     return links, collectives
 
 
-def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dict[int, float]]:
+def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dict[int, float], dict[int, float]]:
     """From ``measure_compute_sharing``'s timings per busy-worker count k: (k -> slowdown of
     computing side by side, never below 1; k -> what a synchronisation after computing costs
     beyond the computing and the collective's own time in a tight loop, never below 0, and 0
-    where the k single-threaded workers fit on the ``cores``).
+    where the k single-threaded workers fit on the ``cores``; k -> the compute each worker ran
+    side by side before it, ``together_s``, which ``Env.sync_after`` scales it by).
 
     A synchronisation costs something of its own only when workers outnumber the cores: the
     last to get its share of them sets when the collective starts, and a waiting worker wakes
@@ -170,12 +171,13 @@ def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dic
     ms against 0.35 ms), which the collective costs the strategies pay already hold: counted,
     it over-predicted the gallery's 2-worker DDP and local SGD cells by 24-45% and turned the
     top-1 hit rate over issue 17's suite from 100% to 75% (issue 17)."""
-    sharing, sync = {}, {}
+    sharing, sync, compute = {}, {}, {}
     for k, t in probes.items():
         k = int(k)
         sharing[k] = max(1.0, t["together_s"] / t["alone_s"])
         sync[k] = max(0.0, t["synced_s"] - t["together_s"]) if k > cores else 0.0
-    return sharing, sync
+        compute[k] = t["together_s"]
+    return sharing, sync, compute
 
 
 def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str | None = None, threads: int = 1) -> HardwareProfile:
@@ -202,7 +204,7 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
     step_s, hop_s = fit_pipeline_runtime(raw["pipeline_probe"], raw["pipeline_action_s"])
     side, world = raw.get("pipeline_side_by_side"), raw.get("pipeline_world")
     here = machine()
-    sharing, sync = fit_compute_sharing(raw["compute_sharing"], here.cpu_cores)
+    sharing, sync, sync_compute = fit_compute_sharing(raw["compute_sharing"], here.cpu_cores)
     local = raw["local_world_size"]
     cuda = raw["backend"] == "nccl"
     hw = HardwareProfile(
@@ -222,6 +224,7 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         pipeline_hop_s=hop_s,
         compute_sharing=sharing,
         sync_s=sync,
+        sync_compute_s=sync_compute,
         notes=raw["notes"],
         other_load=others,
         points=json.loads(json.dumps({**{tier: {str(k): v for k, v in by.items()} for tier, by in raw["tiers"].items()},
