@@ -132,8 +132,8 @@ def shares_cores(hardware: HardwareProfile, nodes: int, cores: int, machine_sync
     if machine_sync:
         hardware.sync_s = {k: machine_sync[k * nodes] for k in range(1, hardware.workers_per_node + 1)
                            if k * nodes in machine_sync}
-        hardware.sync_compute_s = {k: (machine_sync_compute or {})[k * nodes] for k in hardware.sync_s
-                                   if k * nodes in (machine_sync_compute or {})}
+        compute = machine_sync_compute or {}
+        hardware.sync_compute_s = {k: compute[k * nodes] for k in hardware.sync_s if k * nodes in compute}
     hardware.source = (f"measured across {nodes} emulated nodes sharing {cores} cores ({hardware.cores_per_node} "
                        "per node for threads)")
     return fit_loads(hardware)  # the pipeline probes' loaded runs fitted again on the cores now shared
