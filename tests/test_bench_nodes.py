@@ -227,11 +227,11 @@ def test_the_what_if_check_reads_the_recommenders_claims():
     assert bench.claims(rec) == [(0.1, ddp, False), (10.0, ddp, False)]
 
 
-def test_the_token_bucket_holds_0_3_ms_of_the_rate_and_two_frames_at_least():
-    assert netns.tbf_burst(1000) == 37_500  # 1 Gbit/s: 0.3 ms is 37.5 kB, the cnn's 150 kB boundary a quarter of it
-    assert netns.tbf_burst(10_000) == 375_000
-    assert netns.tbf_burst(100) == 3_750  # TCP's segments are cut to it (gso_max_size), not it grown to them
-    assert netns.tbf_burst(10) == 2 * 1514
+def test_the_token_bucket_holds_a_millisecond_of_the_rate_and_two_frames_at_least():
+    assert netns.tbf_burst(1000) == 125_000  # 1 Gbit/s: 1 ms is 125 kB
+    assert netns.tbf_burst(10_000) == 1_250_000
+    assert netns.tbf_burst(100) == 12_500  # TCP's segments are cut to it (gso_max_size), not it grown to them
+    assert netns.tbf_burst(1) == 2 * 1514
 
 
 # --- real cells across namespaces (root) --------------------------------------------------

@@ -86,7 +86,7 @@ def ensure_link_profile(cell: Cell, run: Runner, max_mb: float, timeout: float, 
     except PartrainError:  # unreadable: measured again, over it
         pass
     # messages up to what the link moves in 0.1 s at least (64 MiB at most): a token bucket lets
-    # its burst (``netns.tbf_burst``: 375 kB at 10 Gbit/s) through at once, so a profile whose
+    # its burst (``netns.tbf_burst``: 1.25 MB at 10 Gbit/s) through at once, so a profile whose
     # largest message hardly outgrows it times the burst, not the rate (issue 18: with a 4 ms
     # burst, 4 MiB messages "measured" a 10 Gbit/s link at 15.7-17.2 Gbit/s)
     max_mb = max(max_mb, min(LINK_PROFILE_CAP_MB, cell.link_mbit * 1e6 / 8 * LINK_PROFILE_S / 2**20))

@@ -41,8 +41,7 @@ from partrain.predict.profile_json import JsonProfile, check_fields
 # and dropped as the profile loads, every other figure the same; ``profile.collectives`` says why.)
 # 16: the two-stage probe runs again over stages that compute, and fits ``busy_sender_s``
 # 17: on a CPU, every pipeline probe's stages are also timed from cold caches (``stage_cold_s``)
-# 18: emulated links' token bucket holds 0.3 ms of the rate, not 1 ms (``testing.netns.tbf_burst``)
-MEASUREMENT = 18
+MEASUREMENT = 17
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
 # 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.
