@@ -135,8 +135,8 @@ def tbf_burst(rate_mbit: float) -> int:
     from 9.8-10.6% to 7.1-8.1% MAPE but slowed every collective across 1 Gbit/s far below the
     rate: the mlp's 0.9 MB DDP step over 4 nodes ran 28.9 ms (13.9 with 1 ms; a ring at the
     rate needs about 12), the cnn's 56.4 (35.3), and DDP and local SGD read 12.5% and 10.7%
-    (7.4%, 6.6%). Until a shaper that serialises every message keeps collectives at the rate (``netem``'s
-    rate, where the kernel has it), 1 ms is the lesser error.
+    (7.4%, 6.6%). Until a shaper that serialises every message keeps collectives at the rate
+    (``netem``'s rate, where the kernel has it), 1 ms is the lesser error.
     """
     return max(2 * 1514, round(rate_mbit * 1e6 / 8 * 0.001))
 
