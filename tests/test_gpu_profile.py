@@ -295,6 +295,17 @@ def test_bench_runs_a_suite_at_the_precision_and_options_given(capsys):
     assert "bf16" not in capsys.readouterr().out  # the suite's own: fp32
 
 
+def test_bench_runs_every_cell_as_many_times_as_repeats_says(capsys):
+    assert main(["bench", "--suite", "quick", "--list"]) == 0
+    once = capsys.readouterr().out.splitlines()
+    assert main(["bench", "--suite", "quick", "--list", "--repeats", "3"]) == 0
+    thrice = capsys.readouterr().out.splitlines()
+    assert len(thrice) == 3 * len(once)
+    assert sorted(thrice) == sorted(once + [f"{c} #{r}" for c in once for r in (1, 2)])  # the first run keeps its key
+    assert main(["bench", "--suite", "quick", "--list", "--repeats", "0"]) == 2
+    assert "repeats" in capsys.readouterr().err
+
+
 # ---- validate ------------------------------------------------------------------------------
 
 
