@@ -116,8 +116,11 @@ def tbf_burst(rate_mbit: float) -> int:
     a real link of that rate never does: a link serialises every message at its rate. A training
     step idles on the link while it computes, so the burst is a head start on every message.
     With 4 ms of the rate (500 KB at 1 Gbit/s) the mlp's DDP step over 4 nodes ran 14.1 ms
-    against 18.0 ms with 1 ms; with TCP's 64 KiB segments at 100 Mbit/s (before they were cut)
-    the cnn's 92 kB stage boundary crossed in 3.7 ms, not 7.4. 1 ms keeps TCP at the rate.
+    against 18.0 ms with 1 ms, and a 1 MiB allreduce after a 10 ms pause moved at 1,258 Mbit/s.
+    With a 64 KiB bucket at 100 Mbit/s (TCP's whole segments, before they were cut), 64 KiB
+    after a 10 ms pause arrived in 0.6 ms where the rate takes 5.2 ms (4.9 ms with 12.5 kB); the
+    cnn's 92 kB stage boundary crossed in 3.7 ms, not 7.4. 1 ms keeps TCP at the rate
+    (back-to-back allreduces of 4-8 MiB at 1 Gbit/s: 944-949 Mbit/s, as with 4 ms).
 
     It still gives a pipeline's messages a head start. Timed on a 2-vCPU VM at 1 Gbit/s, one
     message after 10 ms idle (the rate alone: 1.20 ms for 150 kB, 2.40 for 300 kB), and 4 MiB
