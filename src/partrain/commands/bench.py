@@ -57,9 +57,9 @@ def add_bench_parser(sub) -> None:
                    "that many workers), into --profile-dir: validate then measures nothing, and its profiles saw the "
                    "machine as the cells did")
     p.add_argument("--repeats", type=int, metavar="N",
-                   help="run every cell N times, minutes apart, instead of the suite's repeats: validate holds each cell "
-                   "at the median of its runs, reports how far they spread, and counts a pick the runs cannot order "
-                   "from the fastest as a tie")
+                   help="run every cell N times, minutes apart, instead of the suite's repeats: validate holds each "
+                   "cell at the median of its runs, reports how far they spread, and counts a pick the runs cannot "
+                   "order from the fastest as a tie")
     p.add_argument("--list", action="store_true", help="print the suite's cells and exit; runs and stores nothing")
     p.add_argument("--quiet", action="store_true", help="no progress and no table")
     from partrain.config import add_options
