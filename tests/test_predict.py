@@ -576,8 +576,8 @@ def test_compute_sharing_fit_from_the_probe():
     probes = {"2": {"alone_s": 0.004, "together_s": 0.005, "synced_s": 0.0085},
               "3": {"alone_s": 0.004, "together_s": 0.0038, "synced_s": 0.0036}}
     sharing, sync, computed = fit_compute_sharing(probes, cores=1)
-    assert sharing == pytest.approx({2: 1.25, 3: 1.0})
-    assert computed == {2: 0.005, 3: 0.0038}  # what each worker computed side by side before the sync  # side by side never counts as faster than alone
+    assert sharing == pytest.approx({2: 1.25, 3: 1.0})  # side by side never counts as faster than alone
+    assert computed == {2: 0.005, 3: 0.0038}  # what each worker computed side by side before the sync
     # more workers than cores: the whole difference, a tight loop's collective latency not taken off
     assert sync[2] == pytest.approx(0.0085 - 0.005)
     assert sync[3] == 0.0  # a window read faster with the sync than without: noise, no cost
