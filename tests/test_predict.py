@@ -745,11 +745,19 @@ def test_the_cpu_loop_grows_as_the_bare_loop_and_serial_steps_reproduce_it(mlp_p
 
 def test_a_one_worker_pipeline_pays_the_runtime_measured_on_a_world_of_one(mlp_profile, cluster):
     """All stages on one worker: no hop, no other rank; what the pipelining runtime adds is the
-    profile's hybrid loop on a world of one over its serial loop, less the gradient passes the
-    prediction counts apart (accumulating the second micro-batch, scaling by 2)."""
+    profile's hybrid loop on a world of one over its serial loop, less what the prediction
+    counts apart: the gradient passes (accumulating the second micro-batch, scaling by 2) and
+    the blocks and loss run as two micro-batches of half the rows instead of one batch."""
     hw = dataclasses.replace(cluster, compute_speed=1.0, compute_sharing={}, sync_s={})
     passes = compute.gradient_pass_time(mlp_profile, range(len(mlp_profile.blocks))) * (1 + 2 / 3)
-    ran = {"serial": 0.002, "hybrid": 0.002 + passes + 0.0007}
+
+    def blocks_and_loss(b: int) -> float:
+        fwd, bwd = compute.block_times(mlp_profile, b)
+        return sum(fwd) + sum(bwd) + compute.loss_time(mlp_profile, b)
+
+    split = 2 * blocks_and_loss(2) - blocks_and_loss(4)  # each call's fixed cost paid twice
+    assert split > 0
+    ran = {"serial": 0.002, "hybrid": 0.002 + passes + split + 0.0007}
     prof = dataclasses.replace(mlp_profile, world_of_one_s=ran, world_of_one_batch=4)
     bare = dataclasses.replace(mlp_profile, world_of_one_s={"serial": 0.002})
     assert compute.world_of_one_pipeline_time(prof) == pytest.approx(0.0007)
