@@ -36,6 +36,7 @@ from partrain.predict.pipeline_sim import (
 )
 from partrain.predict.plan import profile_batch_sizes
 from partrain.predict.prediction import environment
+from partrain.predict.profiles import HardwareProfile
 from partrain.profile.hardware import fit_compute_sharing
 from partrain.profile.model import profile_model
 from partrain.report.plots import plot_scatter
@@ -666,6 +667,36 @@ def test_a_synchronisation_costs_the_share_of_the_probes_compute_that_a_step_com
     local = dataclasses.replace(plan, strategy="local-sgd", average_every=4)
     quarter = dataclasses.replace(whole, sync_compute_s={2: computed * 4})
     assert predict_plan(mlp_profile, quarter, local).comm_s == pytest.approx(predict_plan(mlp_profile, whole, local).comm_s)
+
+
+def test_with_a_core_each_a_step_pays_the_step_probes_sync_at_its_compute(mlp_profile, cluster):
+    """With no more workers than cores, a synchronisation costs what the step probe measured
+    after as much compute side by side (interpolated, held at its ends), less the sweep's
+    allreduce of the probe's message, which the collective costs already hold: negative where
+    a step pays less than the sweep's mean. Communication never goes below nothing."""
+    mlp_profile = dataclasses.replace(mlp_profile, world_of_one_s={})
+    plan = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)
+    bare = dataclasses.replace(cluster, compute_sharing={2: 1.0}, sync_s={2: 0.0})
+    probed = dataclasses.replace(bare, step_sync={2: ((0.002, 0.004), (0.0005, 0.001))}, step_sync_bytes=65536)
+    fit = collective_time(probed, "allreduce", 65536, [0, 1])
+    env = environment(probed, plan)
+    assert env.sync_points == (pytest.approx((0.0005, 0.001 - fit)), pytest.approx((0.002, 0.004 - fit)))
+    assert env.sync_after(0.0001) == pytest.approx(0.001 - fit)  # held below the shortest compute
+    assert env.sync_after(0.00125) == pytest.approx(0.0025 - fit)
+    assert env.sync_after(1.0) == pytest.approx(0.004 - fit)  # and above the longest
+    step = predict_plan(mlp_profile, bare, plan)
+    computed = step.data_s + step.compute_s + step.optimizer_s
+    paid = predict_plan(mlp_profile, probed, plan).comm_s - step.comm_s
+    assert paid == pytest.approx(max(-step.comm_s, env.sync_after(computed)))
+    # a step probe that read far less than the sweep: the collectives cost nothing, never less
+    cheap = dataclasses.replace(probed, step_sync={2: ((0.001, 0.0),)})
+    assert environment(cheap, plan).sync_after(0.001) == pytest.approx(-fit)
+    for strategy in ("ddp", "local-sgd", "fsdp"):
+        assert predict_plan(mlp_profile, dataclasses.replace(cheap, collectives={}), dataclasses.replace(plan, strategy=strategy)).comm_s >= 0.0
+    # one worker, or a profile without the probe (a cluster file, a GPU): sync_s as before
+    assert environment(probed, Plan("serial", workers=1, batch_size=32, threads=1)).sync_points == ()
+    assert environment(bare, plan).sync_points == ()
+    assert HardwareProfile.from_dict(json.loads(json.dumps(probed.to_dict()))).step_sync == probed.step_sync
 
 
 def test_fsdp_on_cpu_waits_for_every_units_collectives(mlp_profile, cluster):

@@ -19,6 +19,7 @@ from partrain.profile import model as model_module
 from partrain.profile.cache import load_or_profile
 from partrain.profile.collectives import sweep
 from partrain.profile.hardware import fit_measurements, group_sizes, profile_hardware
+from partrain.profile.step_probes import SYNC_BYTES, SYNC_COMPUTES_S
 from partrain.profile.model import profile_model
 from partrain.profile.step_probes import LOADS
 
@@ -354,6 +355,13 @@ def test_hardware_profile_measures_every_collective(tmp_path):
     assert hw.compute_sharing[2] >= 1.0 and hw.sync_s[2] >= 0.0
     probe = hw.points["compute_sharing"]["2"]
     assert probe["alone_s"] > 0 and probe["together_s"] > 0 and probe["synced_s"] > 0
+    # two workers on at least 2 cores: a step's synchronisation after each of three compute lengths,
+    # rising, its allreduce of 64 KiB; the excess of a median step over its compute may be negative
+    if hw.cores_per_node >= 2:
+        points = hw.step_sync[2]
+        assert len(points) == len(SYNC_COMPUTES_S) and all(c > 0 for c, _ in points)
+        assert [c for c, _ in points] == sorted(c for c, _ in points) and points[-1][0] > 4 * points[0][0]
+        assert hw.step_sync_bytes == SYNC_BYTES and hw.points["step_sync"]["2"]["points"] == [list(p) for p in points]
     # the pipeline probe: each step time the median of its rounds, all kept; both schedules, 4 and 8 micro-batches
     steps = hw.points["pipeline"]["steps"]
     assert sorted((s["schedule"], s["microbatches"]) for s in steps) == [("1f1b", 4), ("1f1b", 8), ("gpipe", 4), ("gpipe", 8)]

@@ -74,7 +74,7 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
     sync = env.sync_after(step_compute)
     if cost == "ddp":
         # DDP's own work (autograd hooks, copies into and out of the buckets), measured on a world of one
-        comm = _ddp_comm(profile, hw, plan, ranks, bwd, slow) + profile.overhead_s("ddp") * slow + sync
+        comm = max(0.0, _ddp_comm(profile, hw, plan, ranks, bwd, slow) + sync) + profile.overhead_s("ddp") * slow
         buffers = total_params  # flat gradient buckets beside the gradients (gradient_as_bucket_view=False)
     elif cost == "local-sgd":
         # average_parameters flattens every parameter into one buffer and allreduces it, a plain
@@ -84,14 +84,14 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
         every = _steps_per_epoch(profile, plan) if plan.average_every == "epoch" else int(plan.average_every)
         local = profile.overhead_s("local-sgd") * slow
         sync = env.sync_after(step_compute * every)  # K steps since the last averaging
-        comm = (collective_time(hw, "allreduce", total_params, ranks) + local + sync) / every
+        comm = (max(0.0, collective_time(hw, "allreduce", total_params, ranks) + sync) + local) / every
         buffers = total_params
         if every > 2:
             occasional = comm
             notes.append(f"averaging amortized over {every} steps; the median step has none")
     elif cost == "fsdp":
         comm, buffers = _fsdp_comm(profile, hw, ranks, bwd, slow)
-        comm += sync
+        comm = max(0.0, comm + sync)
         grads, opt_state = stage_state(profile, 0, len(params), plan.optimizer, plan.momentum, shards=dp)
     elif cost == "shared":  # hogwild: no communication; workers update shared weights in place
         comm = 0.0

@@ -11,6 +11,8 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from partrain.predict import compute
+from partrain.predict.comm import collective_time
+from partrain.predict.fits import held_interpolation
 from partrain.predict.memory import MemoryBreakdown
 from partrain.predict.plan import Plan, local_workers, threads_for
 from partrain.predict.profiles import HardwareProfile, ModelProfile
@@ -80,10 +82,19 @@ class Env:
     sync_s: float
     shared_cores: int = 0  # nodes on one machine share its cores (``HardwareProfile.shared_cores``); 0: not
     sync_compute_s: float = 0.0  # the compute per worker before the synchronisation sync_s timed; 0: unknown
+    # with no more workers than cores: (seconds each computed side by side, what the synchronisation
+    # after it cost beyond the collective's fit), by compute (``environment``); empty: ``sync_s``
+    sync_points: tuple[tuple[float, float], ...] = ()
 
     def sync_after(self, compute_s: float) -> float:
-        """``sync_s`` for a step whose workers computed ``compute_s`` each, side by side, since
-        their last synchronisation: the probe's cost times ``compute_s`` over the compute it
+        """What one synchronisation costs a step whose workers computed ``compute_s`` each,
+        side by side, since their last one, beyond the collective's own cost in the sweep.
+
+        With no more workers than cores, the hardware profile's step probe at that compute
+        (``sync_points``, interpolated, held at its ends; ``HardwareProfile.step_sync``): it
+        may be negative, where a step pays less than the mean of back-to-back calls the sweep
+        fitted (``profile.step_probes.measure_step_sync`` says why). Otherwise ``sync_s``,
+        the probe's cost times ``compute_s`` over the compute it
         timed it after, at most all of it. The slowest worker's lead grows with how long they
         share the cores: the probe computed 11.4 ms each side by side (4 workers on 2 cores)
         and read 2.9 ms, where the mlp's 4-worker DDP and local SGD steps, 0.6 ms of compute
@@ -91,6 +102,8 @@ class Env:
         one machine; issue 17's small models on 4 workers, 1-3 ms, 15-53%. Scaled, issue
         18's DDP cells read 7.4% (11.7% whole), local SGD 6.6% (8.4%); issue 17's 8.7% (10.0%)
         and 10.7% (12.7%) (session 59, an AMD EPYC VM)."""
+        if self.sync_points:
+            return held_interpolation(self.sync_points, compute_s)
         if self.sync_compute_s <= 0:
             return self.sync_s
         return self.sync_s * min(1.0, compute_s / self.sync_compute_s)
@@ -126,9 +139,12 @@ class Env:
 
 def environment(hw: HardwareProfile, plan: Plan) -> Env:
     local, threads = local_workers(plan.workers, hw), threads_for(plan.workers, hw, plan.threads)
+    steps = hw.step_sync.get(local, ()) if plan.workers > 1 else ()
+    # the step probe's excess over the sweep's fit of the allreduce it timed (its node's first ranks)
+    probe = collective_time(hw, "allreduce", hw.step_sync_bytes, list(range(local))) if steps else 0.0
     return Env(threads, local, math.ceil(plan.workers / local), hw.cores_per_node, hw.compute_speed,
                hw.compute_sharing, hw.sync_s.get(local, 0.0) if plan.workers > 1 else 0.0, hw.shared_cores,
-               hw.sync_compute_s.get(local, 0.0))
+               hw.sync_compute_s.get(local, 0.0), tuple(sorted((c, excess - probe) for c, excess in steps)))
 
 
 def _baseline(profile: ModelProfile, hw: HardwareProfile, workers: int) -> dict:

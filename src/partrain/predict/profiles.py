@@ -41,7 +41,9 @@ from partrain.predict.profile_json import JsonProfile, check_fields
 # and dropped as the profile loads, every other figure the same; ``profile.collectives`` says why.)
 # 16: the two-stage probe runs again over stages that compute, and fits ``busy_sender_s``
 # 17: on a CPU, every pipeline probe's stages are also timed from cold caches (``stage_cold_s``)
-MEASUREMENT = 17
+# (18 was a token bucket of 0.3 ms for emulated links, tried in session 60 and taken back)
+# 19: on a CPU, with no more workers than cores, a step's synchronisation after computing (``step_sync``)
+MEASUREMENT = 19
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
 # 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.
@@ -112,6 +114,12 @@ class HardwareProfile(JsonProfile):
     # a step that computes less between synchronisations pays that share of it (``Env.sync_after``);
     # empty where not recorded (a cluster file, a profile before it was kept): the whole ``sync_s``
     sync_compute_s: dict[int, float] = field(default_factory=dict)
+    # k workers, no more than the cores -> what a synchronous allreduce of ``step_sync_bytes`` cost a
+    # step after they computed side by side: ((seconds of compute, excess seconds), ...) by compute
+    # (``profile.step_probes.measure_step_sync``; ``Env.sync_after``); empty where not measured (a GPU,
+    # a cluster file, more workers than cores: ``sync_s``)
+    step_sync: dict[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    step_sync_bytes: int = 0
 
     @property
     def stale(self) -> bool:
@@ -189,6 +197,8 @@ class HardwareProfile(JsonProfile):
             "pipeline_side_by_side_loaded": [list(p) for p in self.pipeline_side_by_side_loaded],
             "busy_sender_s": self.busy_sender_s,
             "sync_compute_s": {str(k): v for k, v in self.sync_compute_s.items()},
+            "step_sync": {str(k): [list(p) for p in points] for k, points in self.step_sync.items()},
+            "step_sync_bytes": self.step_sync_bytes,
         }
 
     @classmethod
@@ -214,6 +224,8 @@ class HardwareProfile(JsonProfile):
             tuple(tuple(map(float, p)) for p in d.get("pipeline_side_by_side_loaded", ())),
             float(d.get("busy_sender_s", 0.0)),
             {int(k): float(v) for k, v in d.get("sync_compute_s", {}).items()},
+            {int(k): tuple(tuple(map(float, p)) for p in points) for k, points in d.get("step_sync", {}).items()},
+            int(d.get("step_sync_bytes", 0)),
         )
 
 

@@ -31,6 +31,7 @@ from partrain.profile.step_probes import (
     measure_pipeline_action,
     measure_pipeline_hops,
     measure_pipelines_side_by_side,
+    measure_step_sync,
     measure_world_pipeline,
 )
 from partrain.profile.timing import cpu_seconds, others_share
@@ -117,10 +118,13 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
             dist.barrier()
         out["compute_sharing"] = {}
         say(f"compute with 2..{info.local_world_size} workers side by side")
+        out["step_sync"] = {}
         for k in range(2, info.local_world_size + 1):  # the first k workers of node 0 busy, the rest idle
             group = dist.new_group(list(range(k)))  # every rank creates every group
             if info.rank < k:
                 out["compute_sharing"][k] = measure_compute_sharing(group, device)
+                if device.type == "cpu" and k <= machine().cpu_cores:  # beyond the cores: ``sync_s``
+                    out["step_sync"][k] = measure_step_sync(group, device)
             dist.barrier()
         for tier, k, groups, pair in _tier_plans(info.world_size, info.local_world_size):
             say(f"collectives in groups of {k} ({tier}), {len(sizes)} message sizes")
@@ -225,10 +229,13 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         compute_sharing=sharing,
         sync_s=sync,
         sync_compute_s=sync_compute,
+        step_sync={int(k): tuple(map(tuple, probe["points"])) for k, probe in raw.get("step_sync", {}).items()},
+        step_sync_bytes=next((probe["message_bytes"] for probe in raw.get("step_sync", {}).values()), 0),
         notes=raw["notes"],
         other_load=others,
         points=json.loads(json.dumps({**{tier: {str(k): v for k, v in by.items()} for tier, by in raw["tiers"].items()},
                                       "pipeline": raw["pipeline_probe"], "compute_sharing": raw["compute_sharing"],
+                                      "step_sync": raw.get("step_sync", {}),
                                       "link_alone": raw["link_alone"],
                                       **({"pipeline_side_by_side": side} if side else {}),
                                       **({"pipeline_world": world} if world else {})})),

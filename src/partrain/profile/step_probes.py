@@ -227,24 +227,9 @@ def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int
     idle waiting, which on a virtual machine takes far longer than a collective between busy
     ranks.
     """
-    conv = torch.nn.Conv2d(32, 32, 3, padding=1).to(device)
-    x = torch.randn(8, 32, 28, 28, device=device, requires_grad=True)
+    burn, one = _training_kernel(group, device)
+    n = max(1, round(target_s / one))
     rank = dist.get_rank(group)
-
-    def burn(n: int):
-        for _ in range(n):
-            conv(x).sum().backward()
-
-    count = torch.tensor([0], device=device)
-    if rank == 0:
-        burn(3)
-        start, n = time.perf_counter(), 0
-        while time.perf_counter() - start < 0.05:
-            burn(1)
-            n += 1
-        count[0] = max(1, round(n * target_s / (time.perf_counter() - start)))
-    dist.broadcast(count, dist.get_global_rank(group, 0), group=group)
-    n = int(count.item())
     token = torch.zeros(1, device=device)
     alone, together, synced = [], [], []
     for _ in range(rounds):  # alternated: a passing slowdown of the machine spoils one round, not the median
@@ -263,3 +248,81 @@ def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int
     dist.barrier(group)
     return {"alone_s": statistics.median(alone), "together_s": statistics.median(together),
             "synced_s": statistics.median(synced)}
+
+
+def _training_kernel(group, device, rows: int = 8) -> tuple:
+    """(``burn(n)``: n forward + backward passes of a 3x3 convolution on ``rows`` x 32 x 28 x
+    28 activations, single-threaded training compute of a few MB at 8 rows (1.5-1.8 ms on a
+    2-vCPU VM's core); seconds of one pass, timed by the group's rank 0 alone and the same on
+    every rank)."""
+    conv = torch.nn.Conv2d(32, 32, 3, padding=1).to(device)
+    x = torch.randn(rows, 32, 28, 28, device=device, requires_grad=True)
+
+    def burn(n: int):
+        for _ in range(n):
+            conv(x).sum().backward()
+
+    one = torch.tensor([0.0], dtype=torch.float64, device=device)
+    if dist.get_rank(group) == 0:
+        burn(3)
+        start, n = time.perf_counter(), 0
+        while time.perf_counter() - start < 0.05:
+            burn(1)
+            n += 1
+        one[0] = (time.perf_counter() - start) / n
+    dist.broadcast(one, dist.get_global_rank(group, 0), group=group)
+    return burn, one.item()
+
+
+# compute each worker runs side by side between synchronisations in ``measure_step_sync``, and the
+# bytes it then reduces: a small model's gradients (the gallery's 68-135 KB); the sizes a step's
+# compute spans on a CPU, from a small model's batch (0.5 ms) to a middle one's (8 ms)
+SYNC_COMPUTES_S = (0.0005, 0.002, 0.008)
+SYNC_BYTES = 64 * 1024
+
+
+def measure_step_sync(group, device, computes_s=SYNC_COMPUTES_S, nbytes: int = SYNC_BYTES, window_s: float = 0.25,
+                      rounds: int = 3) -> dict:
+    """What a synchronous allreduce costs a training step after every worker computed side
+    by side, as data-parallel steps end, for each compute length in ``computes_s``: the
+    median step of compute and an allreduce of ``nbytes`` on ``group``, less the median step
+    of the same compute alone on every rank at once (no collective), on the group's rank 0;
+    each the median of ``rounds`` alternations. Returns {"message_bytes", "points": [[compute
+    seconds measured side by side, excess seconds], ...]}; every rank of ``group`` calls this.
+
+    The collective sweep times back-to-back calls between idle workers, whose mean is not
+    what a step pays. On a 2-vCPU VM (issue 17, session 61) a 64 KiB allreduce between two
+    idle workers took 0.27-0.45 ms in the median call but 1.3-2.2 ms in the mean: one call
+    in four or so waited about 4 ms for a halted vCPU to run again. After each worker
+    computed C side by side, the median step paid 0.5-0.8 ms more than its compute at C =
+    0.5 ms, 1.3-2.1 ms at 2 ms and 0.9-3.4 ms at 5-20 ms: the longer the workers compute,
+    the further apart they finish and the likelier the first to wait halts. The gallery's
+    2-worker data-parallel steps paid what this says (0.5-1.2 ms over their compute at
+    batch 32; tuple_out 2.9-3.2 ms at batch 128, 64 rows a worker, 5 ms of compute), where
+    the sweep's mean put 1.2-2.4 ms on each. A 4-byte token does not show it: a one-element
+    allreduce took 0.11-0.14 ms, tail or not."""
+    burn, one = _training_kernel(group, device, rows=1)  # a fine grain: the shortest compute is a few passes
+    buf = torch.ones(max(1, nbytes // 4), device=device)
+    rank = dist.get_rank(group)
+
+    def median_step(run, steps: int) -> float:
+        run()
+        dist.barrier(group)
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    points = []
+    for target in computes_s:
+        n = max(1, round(target / one))
+        steps = max(10, round(window_s / target))  # the same on every rank: the synced steps end in a collective
+        free, excess = [], []
+        for _ in range(rounds):  # alternated: a passing slowdown of the machine spoils one round, not the median
+            free.append(median_step(lambda: burn(n), steps))
+            excess.append(median_step(lambda: (burn(n), dist.all_reduce(buf, group=group)), steps) - free[-1])
+        points.append([statistics.median(free), statistics.median(excess)])
+    dist.barrier(group)
+    return {"message_bytes": buf.numel() * buf.element_size(), "points": points if rank == 0 else []}
