@@ -174,7 +174,9 @@ def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dic
     an allreduce started from a step's end costs over one in a tight loop (DDP's 0.67-0.91
     ms against 0.35 ms), which the collective costs the strategies pay already hold: counted,
     it over-predicted the gallery's 2-worker DDP and local SGD cells by 24-45% and turned the
-    top-1 hit rate over issue 17's suite from 100% to 75% (issue 17)."""
+    top-1 hit rate over issue 17's suite from 100% to 75% (issue 17). With a core each, what a
+    step pays is the step probe's instead (``HardwareProfile.step_sync``): its one-element
+    token passes without the wake-ups a real gradient's allreduce waits for."""
     sharing, sync, compute = {}, {}, {}
     for k, t in probes.items():
         k = int(k)
