@@ -693,8 +693,12 @@ def test_with_a_core_each_a_step_pays_the_step_probes_sync_at_its_compute(mlp_pr
     assert environment(cheap, plan).sync_after(0.001) == pytest.approx(-fit)
     for strategy in ("ddp", "local-sgd", "fsdp"):
         assert predict_plan(mlp_profile, dataclasses.replace(cheap, collectives={}), dataclasses.replace(plan, strategy=strategy)).comm_s >= 0.0
-    # one worker, or a profile without the probe (a cluster file, a GPU): sync_s as before
+    # one worker, or a profile without the probe (a cluster file, a GPU): sync_s as before; nor nodes
+    # that share one machine's cores, more busy workers than it has (emulated 2 x 2 nodes on 2 cores)
     assert environment(probed, Plan("serial", workers=1, batch_size=32, threads=1)).sync_points == ()
+    emulated = dataclasses.replace(probed, nodes=2, workers_per_node=2, shared_cores=2)
+    assert environment(emulated, Plan("ddp", workers=4, batch_size=32, dp=4, threads=1)).sync_points == ()
+    assert environment(dataclasses.replace(emulated, shared_cores=4), Plan("ddp", workers=4, batch_size=32, dp=4, threads=1)).sync_points
     assert environment(bare, plan).sync_points == ()
     assert HardwareProfile.from_dict(json.loads(json.dumps(probed.to_dict()))).step_sync == probed.step_sync
 
