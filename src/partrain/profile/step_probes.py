@@ -306,14 +306,8 @@ def measure_step_sync(group, device, computes_s=SYNC_COMPUTES_S, nbytes: int = S
     rank = dist.get_rank(group)
 
     def median_step(run, steps: int) -> float:
-        run()
         dist.barrier(group)
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
+        return _median_of(run, steps)  # every rank out of the barrier at once; one untimed call, then the steps
 
     points = []
     for target in computes_s:
