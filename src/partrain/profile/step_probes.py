@@ -206,6 +206,30 @@ def measure_pipelines_side_by_side(device, loads=LOADS, **probe) -> dict:
     return {**_with_loads(pairs[rank % half], device, 2, loads, **probe), "ranks": mine}
 
 
+def _training_kernel(group, device, rows: int = 8) -> tuple:
+    """(``burn(n)``: n forward + backward passes of a 3x3 convolution on ``rows`` x 32 x 28 x
+    28 activations, single-threaded training compute of a few MB at 8 rows (1.5-1.8 ms on a
+    2-vCPU VM's core); seconds of one pass, timed by the group's rank 0 alone and the same on
+    every rank)."""
+    conv = torch.nn.Conv2d(32, 32, 3, padding=1).to(device)
+    x = torch.randn(rows, 32, 28, 28, device=device, requires_grad=True)
+
+    def burn(n: int):
+        for _ in range(n):
+            conv(x).sum().backward()
+
+    one = torch.tensor([0.0], dtype=torch.float64, device=device)
+    if dist.get_rank(group) == 0:
+        burn(3)
+        start, n = time.perf_counter(), 0
+        while time.perf_counter() - start < 0.05:
+            burn(1)
+            n += 1
+        one[0] = (time.perf_counter() - start) / n
+    dist.broadcast(one, dist.get_global_rank(group, 0), group=group)
+    return burn, one.item()
+
+
 def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int = 20, window_s: float = 0.3,
                             rounds: int = 3) -> dict:
     """How the node runs its workers' compute side by side, and what a synchronisation after
@@ -248,30 +272,6 @@ def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int
     dist.barrier(group)
     return {"alone_s": statistics.median(alone), "together_s": statistics.median(together),
             "synced_s": statistics.median(synced)}
-
-
-def _training_kernel(group, device, rows: int = 8) -> tuple:
-    """(``burn(n)``: n forward + backward passes of a 3x3 convolution on ``rows`` x 32 x 28 x
-    28 activations, single-threaded training compute of a few MB at 8 rows (1.5-1.8 ms on a
-    2-vCPU VM's core); seconds of one pass, timed by the group's rank 0 alone and the same on
-    every rank)."""
-    conv = torch.nn.Conv2d(32, 32, 3, padding=1).to(device)
-    x = torch.randn(rows, 32, 28, 28, device=device, requires_grad=True)
-
-    def burn(n: int):
-        for _ in range(n):
-            conv(x).sum().backward()
-
-    one = torch.tensor([0.0], dtype=torch.float64, device=device)
-    if dist.get_rank(group) == 0:
-        burn(3)
-        start, n = time.perf_counter(), 0
-        while time.perf_counter() - start < 0.05:
-            burn(1)
-            n += 1
-        one[0] = (time.perf_counter() - start) / n
-    dist.broadcast(one, dist.get_global_rank(group, 0), group=group)
-    return burn, one.item()
 
 
 # compute each worker runs side by side between synchronisations in ``measure_step_sync``, and the
