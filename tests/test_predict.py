@@ -1099,6 +1099,28 @@ def test_validate_counts_a_configuration_once_at_the_median_of_its_repeats(mlp_p
     assert math.isnan(Report([], 0.0, []).noise_floor())
 
 
+def test_validate_pairs_the_cells_that_ran_the_same_thing_under_two_names(mlp_profile, cluster):
+    """A 2-worker hybrid (pp2 x dp1) runs its schedule's pipeline: the two cells are one run
+    measured twice, predicted alike, and how far apart they measured is the noise under both."""
+    from partrain.validate import twins
+
+    def cfg(strategy, **kw):
+        return RunConfig(model="mlp", strategy=strategy, workers=kw.pop("workers", 2), microbatches=4, **kw)
+
+    configs = [cfg("1f1b"), cfg("hybrid", pp=2, dp=1, schedule="1f1b"), cfg("gpipe"),
+               cfg("hybrid", pp=2, dp=1, schedule="gpipe"), cfg("hybrid", workers=4, pp=2, dp=2, schedule="1f1b"),
+               cfg("gpipe", workers=4)]
+    measured = (0.010, 0.012, 0.020, 0.020, 0.030, 0.015)
+    rows = [_row(c, t, 100, cluster.fingerprint) for c, t in zip(configs, measured)]
+    report = validate(rows, lambda cfg, sizes: (mlp_profile, 1.0), lambda workers: cluster, cluster.fingerprint)
+    by_label = {c.label: c for c in report.cases}
+    pairs = {(a.strategy, b.strategy, a.runs_as.split()[0]): apart for a, b, apart in twins(report.cases)}
+    assert pairs == {("1f1b", "hybrid", "1f1b"): pytest.approx(0.002 / 0.011), ("gpipe", "hybrid", "gpipe"): 0.0}
+    hybrid = next(c for label, c in by_label.items() if "pp2xdp1 1f1b" in label)
+    assert hybrid.predicted_s == next(c for c in report.cases if c.strategy == "1f1b").predicted_s  # one run, one prediction
+    assert twins([dataclasses.replace(c, runs_as="") for c in report.cases]) == []  # cases from before runs_as
+
+
 def test_validate_predicts_the_stage_cut_the_run_chose(mlp_profile, cluster):
     cfg = RunConfig(model="mlp", strategy="gpipe", workers=2)
     row = _row(cfg, 0.01, 1, cluster.fingerprint)

@@ -53,6 +53,7 @@ class Case:
     predicted_bytes: int
     wall_s: float  # benchmarking the configuration once
     repeats: tuple[float, ...] = ()  # each repeat's median step time; measured_s is their median
+    runs_as: str = ""  # what the runtime executed (``Plan.as_run``): two cells alike here are one run twice
 
     @property
     def repeat_spread(self) -> float | None:
@@ -200,9 +201,11 @@ def _case(rows: list[dict], cfg: RunConfig, pred: Prediction) -> Case:
     label = f"{cfg.model}/{cfg.dataset} {pred.plan.label()} x{cfg.workers} b{cfg.batch_size}"
     group = (cfg.model, cfg.dataset, cfg.batch_size, cfg.workers, rows[0]["threads"])
     seconds = tuple(r["step_seconds_median"] for r in rows)
+    run = pred.plan.as_run()
     return Case(label, group, cfg.strategy, statistics.median(seconds), pred.median_step_s,
                 int(statistics.median(_peak(r) for r in rows)), pred.memory_bytes_per_worker,
-                statistics.fmean(r["wall_seconds"] or 0.0 for r in rows), seconds)
+                statistics.fmean(r["wall_seconds"] or 0.0 for r in rows), seconds,
+                f"{run.label()} x{run.workers} cut {list(run.split_points or ())}")
 
 
 def run_mismatch(row: dict, device: str, profile: ModelProfile | None = None) -> str | None:
@@ -300,6 +303,21 @@ def error_signs(cases: list[Case], workers: int = 2) -> dict[str, tuple[int, int
 def one_sided(signs: dict[str, tuple[int, int, int]]) -> list[str]:
     """The strategies with two or more cells whose errors all share one sign."""
     return [s for s, (n, over, under) in signs.items() if n >= 2 and n in (over, under)]
+
+
+def twins(cases: list[Case]) -> list[tuple[Case, Case, float]]:
+    """Pairs of cells of one job that ran the same thing under two names (``Case.runs_as``: a
+    2-worker hybrid, pp2 x dp1, is the 2-stage pipeline of its schedule), each with how far
+    apart they measured, relative to their mean. A suite run once has no repeats to show its
+    noise; its twins do: no prediction comes closer to both than half their distance. Issue
+    18's suite at 7dcb2e9, one pass (run62n): the 1F1B and hybrid twins of the mlp across 2 nodes at
+    10 Gbit/s measured 7.88 and 4.12 ms a step, minutes apart."""
+    alike: dict[tuple, list[Case]] = defaultdict(list)
+    for case in cases:
+        if case.runs_as:
+            alike[case.group, case.runs_as].append(case)
+    return [(first, other, abs(first.measured_s - other.measured_s) / ((first.measured_s + other.measured_s) / 2))
+            for first, *others in alike.values() for other in others]
 
 
 # The serial cells' median error beyond which the profiles and the cells ran at another speed

@@ -55,7 +55,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     )
     from partrain.report.plots import plot_scatter
     from partrain.report.tables import report_tables
-    from partrain.validate import error_signs, speed_shift
+    from partrain.validate import error_signs, speed_shift, twins
     from partrain.validate_nodes import link_rates, validate_across_nodes
 
     def profile_for(cfg, needed):
@@ -83,6 +83,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return _report_recommendations(report, args.json, across)
     png = plot_scatter(report, args.plot)
     signs = error_signs(report.cases, workers=2)
+    pairs = twins(report.cases)
     shift = speed_shift(report.cases)
     links = link_rates(rows, lambda workers, nodes, link: hardware_across(workers, nodes, link, args.profile_dir))
     if args.json:
@@ -90,11 +91,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
                           "links": [{"placement": p, "shaped_mbit": s, "measured_mbit": m} for p, s, m in links],
                           "error_signs_2_workers": {s: {"cells": n, "over": over, "under": under}
                                                     for s, (n, over, under) in signs.items()},
-                          "speed_shift": shift}))
+                          "speed_shift": shift,
+                          "twins": [{"cells": [a.label, b.label], "measured_s": [a.measured_s, b.measured_s],
+                                     "apart": apart} for a, b, apart in pairs]}))
         return 0
     for table in report_tables(report, args.worst):
         print_table(table)
     _print_error_signs(signs)
+    _print_twins(pairs)
     if shift is not None:
         print(f"the serial cells are predicted {shift:+.0%} (median): serial is the profile's own parts summed, so the "
               f"profiles most likely ran while the machine was {'slower' if shift > 0 else 'faster'} than for the cells, "
@@ -107,6 +111,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"link {placement}: profile --hardware measured {said}")
     print(f"plot: {png}")
     return 0
+
+
+def _print_twins(pairs: list) -> None:
+    """How far apart the cells that ran the same thing under two names measured: the floor
+    under a single run's error, where the suite has no repeats to show it."""
+    if not pairs:
+        return
+    a, b, worst = max(pairs, key=lambda pair: pair[2])
+    mean = sum(apart for _, _, apart in pairs) / len(pairs)
+    print(f"the same run measured as two cells (a one-replica hybrid is its pipeline): {len(pairs)} "
+          f"{'pair' if len(pairs) == 1 else 'pairs'}, {mean:.0%} apart on average, at most {worst:.0%} "
+          f"({a.label}: {a.measured_s * 1e3:.2f} ms, {b.label}: {b.measured_s * 1e3:.2f} ms); no prediction "
+          "comes closer to both than half that")
 
 
 def _print_error_signs(signs: dict) -> None:

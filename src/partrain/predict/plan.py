@@ -8,7 +8,7 @@ candidate plans for a worker count and batch, valid or not (``check_plan`` says 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from partrain.config import RunConfig, to_argv
 from partrain.errors import PartrainError
@@ -89,6 +89,14 @@ class Plan:
         """The batch sizes a prediction evaluates: one worker's rows, and its micro-batch."""
         rows = self.batch_size / self.dp
         return rows, rows / self.microbatches
+
+    def as_run(self) -> Plan:
+        """The plan as the runtime executes it: a hybrid of one replica is its pipeline alone
+        (``strategies.pipeline`` replicates the stages only where dp > 1), the same run as the
+        pipeline strategy of its schedule; any other plan is itself."""
+        if self.kind == "hybrid" and self.dp == 1:
+            return replace(self, strategy="gpipe" if self.schedule == "gpipe" else "1f1b")
+        return self
 
     def label(self) -> str:
         """A short name for tables: strategy and the parameters that matter."""
