@@ -1117,7 +1117,8 @@ def test_validate_pairs_the_cells_that_ran_the_same_thing_under_two_names(mlp_pr
     pairs = {(a.strategy, b.strategy, a.runs_as.split()[0]): apart for a, b, apart in twins(report.cases)}
     assert pairs == {("1f1b", "hybrid", "1f1b"): pytest.approx(0.002 / 0.011), ("gpipe", "hybrid", "gpipe"): 0.0}
     hybrid = next(c for label, c in by_label.items() if "pp2xdp1 1f1b" in label)
-    assert hybrid.predicted_s == next(c for c in report.cases if c.strategy == "1f1b").predicted_s  # one run, one prediction
+    pipeline = next(c for c in report.cases if c.strategy == "1f1b")
+    assert hybrid.predicted_s == pipeline.predicted_s  # one run, one prediction
     assert twins([dataclasses.replace(c, runs_as="") for c in report.cases]) == []  # cases from before runs_as
 
 
