@@ -1113,10 +1113,9 @@ def test_validate_pairs_the_cells_that_ran_the_same_thing_under_two_names(mlp_pr
     measured = (0.010, 0.012, 0.020, 0.020, 0.030, 0.015)
     rows = [_row(c, t, 100, cluster.fingerprint) for c, t in zip(configs, measured)]
     report = validate(rows, lambda cfg, sizes: (mlp_profile, 1.0), lambda workers: cluster, cluster.fingerprint)
-    by_label = {c.label: c for c in report.cases}
     pairs = {(a.strategy, b.strategy, a.runs_as.split()[0]): apart for a, b, apart in twins(report.cases)}
     assert pairs == {("1f1b", "hybrid", "1f1b"): pytest.approx(0.002 / 0.011), ("gpipe", "hybrid", "gpipe"): 0.0}
-    hybrid = next(c for label, c in by_label.items() if "pp2xdp1 1f1b" in label)
+    hybrid = next(c for c in report.cases if "pp2xdp1 1f1b" in c.label)
     pipeline = next(c for c in report.cases if c.strategy == "1f1b")
     assert hybrid.predicted_s == pipeline.predicted_s  # one run, one prediction
     assert twins([dataclasses.replace(c, runs_as="") for c in report.cases]) == []  # cases from before runs_as
