@@ -57,6 +57,9 @@ def test_model_profile_measures_every_block(mlp):
     assert mlp.world_of_one_batch == 4
     assert set(mlp.world_of_one_s) == {"serial", "ddp", "local-sgd", "fsdp", "hybrid"}
     assert all(0 < t < 1 for t in mlp.world_of_one_s.values())
+    # the probe's timings were brought to the machine's pace over the whole profile (profile.pace):
+    # a factor near 1 on a steady machine, the figures already multiplied by it
+    assert 0.25 < mlp.probe_pace < 4
     assert 0 <= mlp.replica_wrapper_s < 0.1  # fully_shard's DTensor parameters and hooks cost a small model ~1 ms
     older = {k: v for k, v in mlp.to_dict().items() if k != "replica_wrapper_s"}
     with pytest.raises(TypeError):  # a profile from before the wrapper was measured: load() says so, then it is redone
@@ -385,6 +388,38 @@ def test_the_serial_loop_is_never_below_the_smallest_batch_s():
 
     loop = _cpu_loop({"bare_loop": [0.004, 0.002, 0.009], "world_of_one": {"serial": 0.001}})
     assert loop == pytest.approx([0.001, 0.001, 0.006])
+
+
+def test_the_probes_timings_are_brought_to_the_pace_of_the_whole_profile():
+    """The probe's second of timings landed in a slow spell (its windows of the bare step twice
+    those the profiler took before and after): its loop, every strategy's world-of-one step and
+    the replica wrapper's cost are nearly halved; its memory figures stay as measured."""
+    from partrain.profile.pace import at_pace, probe_pace
+
+    profiler, probe = [1.0e-3, 1.1e-3, 0.9e-3, 1.0e-3, 1.05e-3], [2.0e-3, 2.1e-3, 1.9e-3]
+    factor = probe_pace(profiler, probe)
+    assert factor == pytest.approx(statistics.median(profiler + probe) / 2.0e-3) == pytest.approx(0.5375)
+    memory = {"rss": 10, "peak": 12, "train_peaks": [20, 30], "bare_loop": [2e-3, 4e-3],
+              "world_of_one": {"serial": 2e-3, "ddp": 3e-3}, "replica_wrapper": 1e-3, "pace": probe}
+    paced = at_pace(memory, factor)
+    assert paced["bare_loop"] == pytest.approx([1.075e-3, 2.15e-3])
+    assert paced["world_of_one"] == pytest.approx({"serial": 1.075e-3, "ddp": 1.6125e-3})
+    assert paced["replica_wrapper"] == pytest.approx(0.5375e-3)
+    assert {k: paced[k] for k in ("rss", "peak", "train_peaks")} == {"rss": 10, "peak": 12, "train_peaks": [20, 30]}
+    # a probe at the machine's usual pace is left as it was; without windows on either side, too
+    assert probe_pace([1e-3, 1e-3, 1e-3], [1e-3, 1e-3]) == 1.0
+    assert probe_pace([], probe) == probe_pace(profiler, []) == 1.0
+
+
+def test_a_pace_window_times_the_step_at_least_three_times_and_clears_after_it():
+    from partrain.profile.pace import MIN_STEPS, Pace, window
+
+    calls, cleared = [], []
+    assert window(lambda: calls.append(1), window_s=0.0) >= 0 and len(calls) == MIN_STEPS
+    pace = Pace(lambda: calls.append(1), after=lambda: cleared.append(1))
+    pace.sample()
+    pace.sample()
+    assert len(pace.windows) == 2 and len(cleared) == 2 and all(w >= 0 for w in pace.windows)
 
 
 def test_a_hardware_profile_taken_while_the_machine_was_busy_is_shown_not_cached(tmp_path, monkeypatch, capsys):

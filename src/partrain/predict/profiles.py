@@ -48,7 +48,8 @@ MEASUREMENT = 19
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
 # 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.
 # 4: on a CPU, each block's forward and backward also from cold caches (``BlockProfile.fwd_cold_s``).
-MODEL_MEASUREMENT = 4
+# 5: on a CPU, the memory probe's timings at the machine's pace over the whole profile (``probe_pace``).
+MODEL_MEASUREMENT = 5
 
 
 class PipelineRuntime(NamedTuple):
@@ -295,6 +296,9 @@ class ModelProfile(JsonProfile):
     # world-of-one step grown as the memory probe's bare loop grows (profile.model._cpu_loop).
     # Empty in a profile from before it was measured (the loop is then the sum of its parts)
     loop_s: list[float] = field(default_factory=list)
+    # what the memory probe's time figures (the loop's, world_of_one_s, replica_wrapper_s) were
+    # multiplied by, to the machine's pace over the whole profile (profile.pace.probe_pace); 1 on a GPU
+    probe_pace: float = 1.0
 
     # k workers side by side -> this model's forward + backward time over its time alone, measured
     # by profile.sharing at sharing_batch rows with the profile's threads (empty: not measured;

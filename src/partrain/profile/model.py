@@ -52,6 +52,7 @@ from partrain.profile.numerics import (
     place_input,
     resolve_device,
 )
+from partrain.profile.pace import Pace, at_pace, bare_step, probe_pace, still_sgd
 from partrain.profile.probe import measure_memory, world_of_one_steps
 from partrain.profile.sharing import profile_sharing, start_corunners
 from partrain.profile.timing import (
@@ -240,9 +241,14 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         torch.manual_seed(seed)
         net = place(build_model(model, spec.input_shape, spec.num_classes, **options), dev, channels_last)
         blocks = model_blocks(net)
+        # the machine's pace, sampled at each phase below (profile.pace); the windows leave no gradient behind
+        pace = Pace(bare_step(net, still_sgd(net), train_set, batch_sizes[0], dict(device=dev.type, precision=precision,
+                                                                                    channels_last=channels_last)),
+                    after=lambda: net.zero_grad(set_to_none=True)) if dev.type == "cpu" else None
         plain = len(blocks) == 1  # one block: the pipelines run the tracer's pieces (strategies.traced)
         per_batch = []
         for i, b in enumerate(batch_sizes):
+            _sample(pace)
             x = place_input(train_set.get(torch.arange(b) % len(train_set))[0], dev, channels_last)
             if plain:
                 blocks = _traced_pieces(net, x, blocks if i else None)
@@ -255,6 +261,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         params = [p for p in net.parameters() if p.requires_grad]
         phase(f"profile {model}", "timing the optimizer steps")
         optimizer_s = {kind: _time_optimizer(params, kind, dev) for kind in OPTIMIZERS}
+        _sample(pace)
     finally:
         torch.set_num_threads(saved_threads)
     scalar = scalar_parameter(net) or ""  # fsdp and a hybrid's replicas refuse such a model (plan.check_plan)
@@ -278,15 +285,22 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
                                 options, world_of_one_steps(step_s), step_s=step_s,
                                 run={"device": dev.type, "precision": precision, "channels_last": channels_last,
                                      "compile": compile})
+        _sample(pace)
         sharing = {}
         if corunners is not None:
             phase(f"profile {model}", f"its compute with 2..{corunners.n + 1} workers side by side (fresh processes)")
             torch.set_num_threads(threads)
             sharing = profile_sharing(net, train_set, sharing_batch, corunners)
+        _sample(pace)
     finally:
         torch.set_num_threads(saved_threads)
         if corunners is not None:
             corunners.close()
+    # the probe's timings, taken in a second or two of their own, at the machine's pace over the whole profile
+    probe_factor = 1.0
+    if pace is not None:
+        probe_factor = probe_pace(pace.windows, memory.get("pace", []))
+        memory = at_pace(memory, probe_factor)
     whole = {key: [w[key] for _, w in per_batch] for key in per_batch[0][1]}
     loop = memory.get("loop") or _cpu_loop(memory)
     return ModelProfile(
@@ -299,8 +313,13 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         other_load=others, options=options, world_of_one_s=memory["world_of_one"],
         world_of_one_batch=min(batch_sizes), device=device_name(dev), precision=precision,
         channels_last=channels_last, compile=compile, train_peak_reserved_bytes=memory.get("train_peaks_reserved", []),
-        loop_s=loop, compute_sharing=sharing, sharing_batch=sharing_batch, scalar_parameter=scalar,
+        loop_s=loop, probe_pace=probe_factor, compute_sharing=sharing, sharing_batch=sharing_batch, scalar_parameter=scalar,
     )
+
+
+def _sample(pace: Pace | None) -> None:
+    if pace is not None:
+        pace.sample()
 
 
 def _traced_pieces(net: nn.Module, x, first: list[nn.Module] | None) -> list[nn.Module]:

@@ -22,6 +22,7 @@ import re
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,6 +39,7 @@ from partrain.distributed.spawn import child_env, python_command
 from partrain.errors import PartrainError
 from partrain.models import build_model
 from partrain.profile.numerics import autocast, place, place_input
+from partrain.profile.pace import Pace, bare_step, still_sgd
 from partrain.profile.timing import Stopwatch, lower_half_median, median_times, timed
 from partrain.progress import phase
 from partrain.spec import SPECS
@@ -57,7 +59,9 @@ def baseline_probe() -> None:
     """Entry point of the memory probe: a fresh process set up as a training worker is.
 
     Prints its resident set after the set-up (and the peak of it), then the peak resident
-    set of two serial training steps (SGD with momentum) at each batch size, ascending.
+    set of two serial training steps (SGD with momentum) at each batch size, ascending; on a
+    CPU the timings after them, with the windows of the machine's pace taken around them
+    (``profile.pace``: "pace").
     """
     args = json.loads(sys.argv[1])
     import partrain.runner  # noqa: F401  (a worker imports the training machinery)
@@ -81,28 +85,21 @@ def baseline_probe() -> None:
                 run["channels_last"])
     torch.ones(64, 64) @ torch.ones(64, 64)  # start the intra-op thread pool
     out = {"rss": _status_bytes("VmRSS"), "peak": _status_bytes("VmHWM"), "train_peaks": [], "bare_loop": []}
-    opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
-    n = len(train_set)
-    for b in sorted(args["batch_sizes"]):
-        def step(b=b):
-            # a new batch of random rows each step, as the training loop loads one: reading it
-            # evicts part of what the last step left in the cache (MNIST at batch 128: a step
-            # 1.3 ms over the bare step on one batch, where the loading alone took 1.0)
-            x, y = train_set.get(torch.randint(0, n, (b,)))
-            x = place_input(x, cpu, run["channels_last"])
-            opt.zero_grad(set_to_none=True)
-            with autocast(cpu, run["precision"]):
-                loss = loss_fn(net(x), y)
-            loss.backward()
-            opt.step()
-
+    opt, sizes = still_sgd(net), sorted(args["batch_sizes"])
+    pace = Pace(bare_step(net, opt, train_set, sizes[0], run))  # its window before, between and after the timings below
+    pace.sample()
+    for b in sizes:
         # the warm-up step allocates the momentum, the timed ones run with it
-        out["bare_loop"].append(median_times(timed(step), max_repeats=BARE_LOOP_MAX_STEPS, target_s=BARE_LOOP_TARGET_S)[0])
+        out["bare_loop"].append(median_times(timed(bare_step(net, opt, train_set, b, run)), max_repeats=BARE_LOOP_MAX_STEPS,
+                                             target_s=BARE_LOOP_TARGET_S)[0])
         out["train_peaks"].append(_status_bytes("VmHWM"))
+    pace.sample()
     steps = args["world_of_one_steps"]
-    out["world_of_one"] = _time_world_of_one(args) if steps else {}
-    x, y = train_set.get(torch.arange(min(args["batch_sizes"])) % n)
+    out["world_of_one"] = _time_world_of_one(args, after_round=pace.sample) if steps else {}
+    x, y = train_set.get(torch.arange(sizes[0]) % len(train_set))
     out["replica_wrapper"] = _time_replica_wrapper(args, x, y, max(2, steps // 2)) if steps else 0.0
+    pace.sample()
+    out["pace"] = pace.windows
     print(json.dumps(out))
 
 
@@ -200,7 +197,7 @@ def world_of_one_steps(step_s: float) -> int:
     return min(WORLD_OF_ONE_MAX_STEPS, max(2, round(WORLD_OF_ONE_TARGET_S / max(step_s, 1e-9))))
 
 
-def _time_world_of_one(args: dict) -> dict[str, float]:
+def _time_world_of_one(args: dict, after_round: Callable[[], None] = lambda: None) -> dict[str, float]:
     """Step time of partrain's own training loop (``train.train_worker``, as a benchmark cell
     runs it) on a world of one, per strategy in ``WORLD_OF_ONE``, at the smallest profiled
     batch size: what each strategy's machinery costs beyond the serial loop, which the
@@ -231,6 +228,7 @@ def _time_world_of_one(args: dict) -> dict[str, float]:
                 del medians[strategy]  # not measured: the predictor counts no overhead for it
                 continue
             medians[strategy].append(lower_half_median(result.step_seconds[WORLD_OF_ONE_WARMUP:]))
+        after_round()
     torch.set_num_threads(args["threads"])
     return {strategy: statistics.median(times) for strategy, times in medians.items()}
 
@@ -290,8 +288,9 @@ def measure_memory(model: str, dataset: str, input_shape, num_classes: int, batc
                    data_dir, synthetic: bool, options: dict, world_of_one_steps: int = 0, run: dict | None = None,
                    step_s: float = 0.0) -> dict:
     """``baseline_probe``'s figures: {"rss", "peak", "train_peaks" (one per batch size),
-    "world_of_one" (step per strategy, the lower of its halves' medians, over ``world_of_one_steps`` steps after warm-up;
-    not measured when 0), "replica_wrapper" (``_time_replica_wrapper``; 0 when not measured)}; on a GPU
+    "bare_loop" (one per batch size), "world_of_one" (step per strategy, the lower of its halves' medians, over
+    ``world_of_one_steps`` steps after warm-up; not measured when 0), "replica_wrapper" (``_time_replica_wrapper``;
+    0 when not measured), "pace" (``profile.pace``: the windows of the bare step taken around them)}; on a GPU
     (``run["device"] == "cuda"``) ``cuda_probe``'s, whose loops are sized for a step of about ``step_s``."""
     run = run or {"device": "cpu", "precision": "fp32", "channels_last": False, "compile": False}
     args = {"model": model, "dataset": dataset, "input_shape": list(input_shape), "num_classes": num_classes,

@@ -1,0 +1,101 @@
+"""The machine's pace over a profile, so that the memory probe's loop timings are not one throw
+of the dice.
+
+On the 2-vCPU VM partrain is developed on, a core runs at one of two speeds in spells of one to
+four seconds: the gallery's tokens3d model's step at batch 32, timed in 0.1 s windows over 20 s
+with nothing else running, took 1.12-1.3 ms in some spells and 1.7-2.1 in others. The memory
+probe (``profile.probe``) times the serial loop in about a second of its own, so it lands in one
+or two spells: ten profiles of that model in a row read its world-of-one serial step at batch
+4 at 1.08-2.24 ms, and every prediction of the model moved with it (issue 17's run63u: its
+serial cell at batch 32 measured 1.68 ms, predicted 3.40). The same bare step timed in windows
+spread over 6 s read 1.05-1.28 ms in nine spans.
+
+So the bare serial step at the smallest profiled batch size (load a new batch, forward, loss,
+backward, SGD-momentum step: what the probe's bare loop times) is sampled in short windows at
+points spread over the whole profile, by the profiler at its phases and by the probe around its
+own timings. The probe's time figures are scaled by the median of all the windows over the
+median of the probe's own (``probe_pace``): the probe's figures then stand at the machine's
+typical pace over the profile, the pace a benchmark's cell meets most often, not the pace of
+the second the probe happened to run in. Each window costs about ``WINDOW_S``: about 0.3 s a
+profile (a small gallery model's profile takes 6-7 s).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+
+from partrain.profile.numerics import autocast, place_input
+from partrain.strategies.base import loss_fn
+
+WINDOW_S, MIN_STEPS = 0.03, 3  # a window: at least 3 steps, about 30 ms
+
+
+def still_sgd(net: nn.Module) -> torch.optim.Optimizer:
+    """SGD with momentum whose steps leave the weights what they were (learning rate 1e-12)."""
+    return torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
+
+
+def bare_step(net: nn.Module, opt: torch.optim.Optimizer, train_set, batch: int, run: dict) -> Callable[[], None]:
+    """One bare serial training step of ``net`` with ``opt`` (``still_sgd``) on a new batch of
+    ``batch`` random rows of ``train_set`` (``run``: device, precision, channels_last), as the
+    training loop loads one: reading it evicts part of what the last step left in the cache
+    (MNIST at batch 128: a step 1.3 ms over the bare step on one batch, where the loading alone
+    took 1.0). The gradients are left set (``zero_grad`` first, as the loop does): a caller
+    that goes on to time backward passes of ``net`` clears them."""
+    device, n = torch.device(run["device"]), len(train_set)
+
+    def step() -> None:
+        x, y = train_set.get(torch.randint(0, n, (batch,)))
+        x = place_input(x, device, run["channels_last"])
+        opt.zero_grad(set_to_none=True)
+        with autocast(device, run["precision"]):
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def window(step: Callable[[], None], window_s: float = WINDOW_S) -> float:
+    """Median seconds of ``step`` over at least ``MIN_STEPS`` calls and about ``window_s``."""
+    times, start = [], time.perf_counter()
+    while len(times) < MIN_STEPS or time.perf_counter() - start < window_s:
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+class Pace:
+    """Windows of one bare step, sampled at the points a profile calls ``sample`` at."""
+
+    def __init__(self, step: Callable[[], None], after: Callable[[], None] | None = None):
+        self.step, self.after, self.windows = step, after, []
+        step()  # warm: the momentum buffers and the allocator's pages exist before any window
+
+    def sample(self) -> None:
+        self.windows.append(window(self.step))
+        if self.after is not None:
+            self.after()
+
+
+def probe_pace(profiler: list[float], probe: list[float]) -> float:
+    """What the probe's time figures are multiplied by: the median window over the whole
+    profile (``profiler``'s windows and ``probe``'s together) over the median of ``probe``'s
+    own. 1 where either side took none."""
+    if not profiler or not probe:
+        return 1.0
+    return statistics.median(profiler + probe) / statistics.median(probe)
+
+
+def at_pace(memory: dict, factor: float) -> dict:
+    """The probe's figures (``probe.measure_memory``) with its times multiplied by ``factor``:
+    the bare loop, every strategy's world-of-one step and the replica wrapper's cost."""
+    return {**memory, "bare_loop": [t * factor for t in memory.get("bare_loop", [])],
+            "world_of_one": {k: t * factor for k, t in memory.get("world_of_one", {}).items()},
+            "replica_wrapper": memory.get("replica_wrapper", 0.0) * factor}
