@@ -256,6 +256,8 @@ def test_a_two_node_cell_runs_through_bench_into_the_store_with_its_link(tmp_pat
     assert row["steps_run"] == 3 and row["step_seconds_median"] > 0
     measured = hardware_across(2, 2, 1000.0, tmp_path)  # the link's profile, for validate
     assert (measured.nodes, measured.workers_per_node) == (2, 1) and "inter" in measured.links
+    # a step's synchronisation after computing, over the world across the two nodes (keyed by it)
+    assert list(measured.step_sync) == [2] and len(measured.step_sync[2]) == 3 and measured.step_sync_bytes > 0
     assert not _ours()
 
 

@@ -22,7 +22,7 @@ from partrain.config import RunConfig
 from partrain.models import build_model
 from partrain.predict import Plan, check_plan, compute, enumerate_plans, predict_plan
 from partrain.predict.cluster import load_cluster
-from partrain.predict.comm import collective_time, transfer_time, with_link_bytes_scaled
+from partrain.predict.comm import collective_time, tier_of, transfer_time, with_link_bytes_scaled
 from partrain.predict.compute import interpolate
 from partrain.predict.data_parallel import ddp_buckets, overlapped_allreduce
 from partrain.predict.fits import CostFit, Segment, fit_cost, longest_increasing
@@ -701,6 +701,30 @@ def test_with_a_core_each_a_step_pays_the_step_probes_sync_at_its_compute(mlp_pr
     assert environment(dataclasses.replace(emulated, shared_cores=4), Plan("ddp", workers=4, batch_size=32, dp=4, threads=1)).sync_points
     assert environment(bare, plan).sync_points == ()
     assert HardwareProfile.from_dict(json.loads(json.dumps(probed.to_dict()))).step_sync == probed.step_sync
+
+
+def test_a_plan_over_nodes_pays_the_step_probe_taken_across_them(cluster):
+    """A profile across nodes keys its step probe over the whole world by the world's size, more
+    workers than a node's: a plan over the nodes pays that one, less the sweep's allreduce over
+    the same ranks (the link between nodes); a plan within one node its node's probe; a plan over
+    nodes of a profile without the world's probe, its node's as before."""
+    plan = Plan("ddp", workers=4, batch_size=32, dp=4, threads=1)
+    across = dataclasses.replace(cluster, nodes=2, workers_per_node=2, compute_sharing={2: 1.0}, sync_s={},
+                                 step_sync={2: ((0.001, 0.0005),), 4: ((0.001, 0.003),)}, step_sync_bytes=65536)
+    assert tier_of(across, [0, 1, 2, 3]) == "inter" and tier_of(across, [0, 1]) == "intra"
+    world = collective_time(across, "allreduce", 65536, [0, 1, 2, 3])
+    assert environment(across, plan).sync_points == (pytest.approx((0.001, 0.003 - world)),)
+    node = collective_time(across, "allreduce", 65536, [0, 1])
+    two = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)
+    assert environment(across, two).sync_points == (pytest.approx((0.001, 0.0005 - node)),)
+    without = dataclasses.replace(across, step_sync={2: ((0.001, 0.0005),)})
+    assert environment(without, plan).sync_points == (pytest.approx((0.001, 0.0005 - node)),)
+    # one worker per node: the node has no probe of its own, the world's is the only one; it ran the
+    # workers as the plan runs them, so it holds where 4 emulated nodes share 2 cores too
+    single = dataclasses.replace(across, workers_per_node=1, nodes=4, step_sync={4: ((0.001, 0.003),)})
+    paid = (pytest.approx((0.001, 0.003 - collective_time(single, "allreduce", 65536, [0, 1, 2, 3]))),)
+    assert environment(single, plan).sync_points == paid
+    assert environment(dataclasses.replace(single, shared_cores=2), plan).sync_points == paid
 
 
 def test_fsdp_on_cpu_waits_for_every_units_collectives(mlp_profile, cluster):

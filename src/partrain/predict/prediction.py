@@ -82,8 +82,9 @@ class Env:
     sync_s: float
     shared_cores: int = 0  # nodes on one machine share its cores (``HardwareProfile.shared_cores``); 0: not
     sync_compute_s: float = 0.0  # the compute per worker before the synchronisation sync_s timed; 0: unknown
-    # with no more workers than cores: (seconds each computed side by side, what the synchronisation
-    # after it cost beyond the collective's fit), by compute (``environment``); empty: ``sync_s``
+    # with no more workers than cores, or over nodes where the profile probed its world across them:
+    # (seconds each computed side by side, what the synchronisation after it cost beyond the
+    # collective's fit), by compute (``environment``); empty: ``sync_s``
     sync_points: tuple[tuple[float, float], ...] = ()
 
     def sync_after(self, compute_s: float) -> float:
@@ -143,9 +144,14 @@ def environment(hw: HardwareProfile, plan: Plan) -> Env:
     # the step probe timed workers with a core each: not nodes that share one machine's fewer cores
     # (emulated 2 x 2 nodes on 2 cores at 10 Gbit/s read DDP and local SGD 39-41% under with it, 26-29% without)
     fits_cores = not hw.shared_cores or local * nodes <= hw.shared_cores
-    steps = hw.step_sync.get(local, ()) if plan.workers > 1 and fits_cores else ()
-    # the step probe's excess over the sweep's fit of the allreduce it timed (its node's first ranks)
-    probe = collective_time(hw, "allreduce", hw.step_sync_bytes, list(range(local))) if steps else 0.0
+    # over nodes the whole world synchronises across them: the profile's probe over its world
+    # across the nodes where it took one for as many workers, whether or not they outnumber the
+    # cores (it ran them as the plan runs), else its node's first ranks'
+    across = nodes > 1 and plan.workers in hw.step_sync
+    group = plan.workers if across else local
+    steps = hw.step_sync.get(group, ()) if plan.workers > 1 and (across or fits_cores) else ()
+    # the step probe's excess over the sweep's fit of the allreduce it timed (over the same ranks)
+    probe = collective_time(hw, "allreduce", hw.step_sync_bytes, list(range(group))) if steps else 0.0
     return Env(threads, local, nodes, hw.cores_per_node, hw.compute_speed,
                hw.compute_sharing, hw.sync_s.get(local, 0.0) if plan.workers > 1 else 0.0, hw.shared_cores,
                hw.sync_compute_s.get(local, 0.0), tuple(sorted((c, excess - probe) for c, excess in steps)))

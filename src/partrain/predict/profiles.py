@@ -43,7 +43,8 @@ from partrain.predict.profile_json import JsonProfile, check_fields
 # 17: on a CPU, every pipeline probe's stages are also timed from cold caches (``stage_cold_s``)
 # (18 was a token bucket of 0.3 ms for emulated links, tried in session 60 and taken back)
 # 19: on a CPU, with no more workers than cores, a step's synchronisation after computing (``step_sync``)
-MEASUREMENT = 19
+# 20: across nodes, the same over the whole world (``step_sync`` keyed by the world)
+MEASUREMENT = 20
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
 # 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.
@@ -118,7 +119,8 @@ class HardwareProfile(JsonProfile):
     # k workers, no more than the cores -> what a synchronous allreduce of ``step_sync_bytes`` cost a
     # step after they computed side by side: ((seconds of compute, excess seconds), ...) by compute
     # (``profile.step_probes.measure_step_sync``; ``Env.sync_after``); empty where not measured (a GPU,
-    # a cluster file, more workers than cores: ``sync_s``)
+    # a cluster file, more workers than cores: ``sync_s``). A k beyond workers_per_node is the whole
+    # world across the nodes, measured where each node's workers have a core each
     step_sync: dict[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     step_sync_bytes: int = 0
 
