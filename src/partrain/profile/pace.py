@@ -15,9 +15,9 @@ backward, SGD-momentum step: what the probe's bare loop times) is sampled in sho
 points spread over the whole profile, by the profiler at its phases and by the probe around its
 own timings. The probe's time figures are scaled by the median of all the windows over the
 median of the probe's own (``probe_pace``): the probe's figures then stand at the machine's
-typical pace over the profile, the pace a benchmark's cell meets most often, not the pace of
-the second the probe happened to run in. Each window costs about ``WINDOW_S``: about 0.3 s a
-profile (a small gallery model's profile takes 6-7 s).
+pace over the whole profile, not the pace of the second the probe happened to run in. Each
+of the 13 windows costs about ``WINDOW_S`` (or one step of a bigger model): about 0.4 s of a
+small gallery model's 6-7 s profile. Spells longer than the profile it cannot see through.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ import torch.nn as nn
 from partrain.profile.numerics import autocast, place_input
 from partrain.strategies.base import loss_fn
 
-WINDOW_S, MIN_STEPS = 0.03, 3  # a window: at least 3 steps, about 30 ms
+# a window: about 30 ms, at least one step (resnet18's of 0.19 s at batch 8: 13 windows, 2.5 s of
+# its 62 s profile; the median over the windows is what counts)
+WINDOW_S, MIN_STEPS = 0.03, 1
 
 
 def still_sgd(net: nn.Module) -> torch.optim.Optimizer:
