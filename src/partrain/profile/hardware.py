@@ -126,12 +126,16 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
                 if device.type == "cpu" and k <= machine().cpu_cores:  # beyond the cores: ``sync_s``
                     out["step_sync"][k] = measure_step_sync(group, device)
             dist.barrier()
-        world = dist.new_group(list(range(info.world_size)))  # every rank creates every group
-        if info.world_size > info.local_world_size and device.type == "cpu" and info.local_world_size <= machine().cpu_cores:
+        if info.world_size > info.local_world_size:
             # the whole world across the nodes, as a data-parallel step over them synchronises: keyed by
-            # the world, more workers than a node's (``HardwareProfile.step_sync``)
-            say(f"a step's synchronisation after computing, {info.world_size} workers across the nodes")
-            out["step_sync"][info.world_size] = measure_step_sync(world, device)
+            # the world, more workers than a node's (``HardwareProfile.step_sync``); where every node's
+            # workers have a core each (every rank must agree, or the probe would wait for the others)
+            world = dist.new_group(list(range(info.world_size)))  # every rank creates every group
+            fits = torch.tensor([int(device.type == "cpu" and info.local_world_size <= machine().cpu_cores)], device=device)
+            dist.all_reduce(fits, op=dist.ReduceOp.MIN)
+            if fits.item():
+                say(f"a step's synchronisation after computing, {info.world_size} workers across the nodes")
+                out["step_sync"][info.world_size] = measure_step_sync(world, device)
             dist.barrier()
         for tier, k, groups, pair in _tier_plans(info.world_size, info.local_world_size):
             say(f"collectives in groups of {k} ({tier}), {len(sizes)} message sizes")
