@@ -271,7 +271,7 @@ def _loop_step_s(net: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, d
     """A plain SGD-momentum training step of ``net`` on (x, y): the lower of its halves' medians
     over ``steps`` steps after the warm-up (a fresh optimizer: ``fully_shard`` replaces the
     parameters), timed on ``device`` (``Stopwatch``) at ``precision``."""
-    opt = torch.optim.SGD(net.parameters(), lr=1e-12, momentum=0.9)
+    opt = still_sgd(net)
     samples, watch = [], Stopwatch(device)
     for _ in range(WORLD_OF_ONE_WARMUP + steps):
         watch.start()
