@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,47 @@ def test_the_probe_measures_a_sane_factor_with_two_processes():
     assert all(v > 0 for v in raw[2].values())
     factor = sharing_factors(raw)[2]
     assert math.isfinite(factor) and factor >= 1.0
+
+
+class _SpellAfterFirstWindow:
+    """Stands in for ``CoRunners``: nothing runs beside the step, but from the first ``busy``
+    on, the machine is in a slow spell (every step burns 1.5x the CPU), as a core of the
+    2-vCPU VM does for seconds at a time."""
+
+    n = 1
+
+    def __init__(self):
+        self.slow = False
+
+    def wait_ready(self):
+        pass
+
+    def busy(self, j):
+        self.slow = True
+
+    def idle(self):
+        pass
+
+
+def _burn_cpu(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_a_spell_that_begins_inside_a_round_spoils_that_round_not_the_factor():
+    others = _SpellAfterFirstWindow()
+    raw = measure_sharing(lambda: _burn_cpu(0.0015 if others.slow else 0.001), others, window_s=0.005, rounds=5)
+    # the fastest window alone (before the spell) against the fastest side by side (in it): 1.5
+    assert raw[2]["together_cpu_s"] / raw[2]["alone_cpu_s"] > 1.3
+    # round by round: 1.5 in the first, 1.0 in the four after it
+    assert sharing_factors(raw)[2] < 1.15
+
+
+def test_the_factor_is_the_median_round_never_below_one():
+    raw = {2: {"alone_s": 1.0, "together_s": 1.0, "alone_cpu_s": 1.0, "together_cpu_s": 1.0, "cpu_ratio": 1.25},
+           "3": {"alone_s": 1.0, "together_s": 1.0, "alone_cpu_s": 1.0, "together_cpu_s": 1.0, "cpu_ratio": 0.9}}
+    assert sharing_factors(raw) == {2: 1.25, 3: 1.0}
 
 
 def test_a_broken_corunner_is_one_clear_error():

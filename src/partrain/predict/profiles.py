@@ -50,7 +50,8 @@ MEASUREMENT = 20
 # 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.
 # 4: on a CPU, each block's forward and backward also from cold caches (``BlockProfile.fwd_cold_s``).
 # 5: on a CPU, the memory probe's timings at the machine's pace over the whole profile (``probe_pace``).
-MODEL_MEASUREMENT = 5
+# 6: on a CPU, the compute sharing factor is the median of each round's own ratio (``profile.sharing``).
+MODEL_MEASUREMENT = 6
 
 
 class PipelineRuntime(NamedTuple):

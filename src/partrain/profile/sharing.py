@@ -14,12 +14,17 @@ for the model itself:
 - the profiler times the model's forward + backward (what the predictor multiplies by the
   factor) alone, then while the first ``j - 1`` of the others run the same step in a loop, for
   j = 2..k; alone and side by side alternate over a few rounds, each window's median step
-  kept, and of the rounds the fastest: other processes on the machine can only slow a
-  window, never speed it up, so the fastest round of each is the one they disturbed least
-  (on the loaded 2-core VM, single windows ranged 1.0-2.5x for the same model);
+  kept;
 - factor(j) = CPU time per step side by side / alone, never below 1 (``sharing_factors``):
   SMT siblings, caches and memory bandwidth shared, as this model uses them
-  (memory-bandwidth contention is inside it, not modelled apart).
+  (memory-bandwidth contention is inside it, not modelled apart). Each round's ratio is
+  of its own two windows, adjacent in time, and the factor is the median of the rounds'.
+  A core of the 2-vCPU VM runs at one of two speeds in spells of seconds (the same step's
+  CPU time 1.6 ms in one, 2.5-2.8 ms in the other): a spell that begins between a round's
+  two windows spoils that round, not the factor. (The fastest window alone against the
+  fastest side by side, as this took it before, read a factor of 1.51 for the gallery's
+  traced model in run64u, where fifteen probes of it in a row read 0.98-1.03 by either
+  rule on a quiet machine: its windows alone had a fast spell, those side by side none.)
 
 Cost: the others start beside the memory probe (``start_corunners``), whose own start-up is
 not timed, so their start costs no wall time of its own; then ``rounds`` alternations of a
@@ -192,9 +197,10 @@ def _window(step: Callable[[], None], window_s: float) -> tuple[float, float]:
 
 def measure_sharing(step: Callable[[], None], others: CoRunners, window_s: float = WINDOW_S,
                     rounds: int = ROUNDS) -> dict[int, dict[str, float]]:
-    """k -> {"alone_s", "together_s", "alone_cpu_s", "together_cpu_s"}: ``step`` (this process's
-    own model step) timed alone and while k - 1 of ``others`` run the same step, for
-    k = 2..others.n + 1; wall and CPU seconds, each the fastest round's window median."""
+    """k -> {"alone_s", "together_s", "alone_cpu_s", "together_cpu_s", "cpu_ratio"}: ``step``
+    (this process's own model step) timed alone and while k - 1 of ``others`` run the same
+    step, for k = 2..others.n + 1; wall and CPU seconds, each the fastest round's window
+    median, and the median over the rounds of each round's CPU seconds side by side / alone."""
     others.wait_ready()
     alone: list[tuple[float, float]] = []
     together: dict[int, list[tuple[float, float]]] = {k: [] for k in range(2, others.n + 2)}
@@ -206,18 +212,20 @@ def measure_sharing(step: Callable[[], None], others: CoRunners, window_s: float
             together[k].append(_window(step, window_s))
             others.idle()
     wall, cpu = min(w for w, _ in alone), min(c for _, c in alone)
-    return {k: {"alone_s": wall, "together_s": min(w for w, _ in t), "alone_cpu_s": cpu, "together_cpu_s": min(c for _, c in t)}
+    return {k: {"alone_s": wall, "together_s": min(w for w, _ in t), "alone_cpu_s": cpu, "together_cpu_s": min(c for _, c in t),
+                "cpu_ratio": statistics.median(c / a for (_, a), (_, c) in zip(alone, t))}
             for k, t in together.items()}
 
 
 def sharing_factors(raw: dict[int, dict[str, float]]) -> dict[int, float]:
     """k -> slowdown of the model's compute with k workers side by side, never below 1: the
     ratio of CPU seconds per step (what sharing caches, SMT siblings and memory bandwidth
-    costs; processor sharing of the cores, k over the cores, is the predictor's own floor).
+    costs; processor sharing of the cores, k over the cores, is the predictor's own floor),
+    each round's own, their median (``measure_sharing``).
     Unlike wall time, CPU time does not count the waits for a core that other processes on
     the machine cause: on the loaded 2-core VM the wall ratio of one model ranged 1.02-2.2x
     between repeats while its CPU ratio stayed within 1.0-1.2x."""
-    return {int(k): max(1.0, t["together_cpu_s"] / t["alone_cpu_s"]) for k, t in raw.items()}
+    return {int(k): max(1.0, t["cpu_ratio"]) for k, t in raw.items()}
 
 
 def sharing_workers() -> int:
