@@ -44,7 +44,8 @@ from partrain.predict.profile_json import JsonProfile, check_fields
 # (18 was a token bucket of 0.3 ms for emulated links, tried in session 60 and taken back)
 # 19: on a CPU, with no more workers than cores, a step's synchronisation after computing (``step_sync``)
 # 20: across nodes, the same over the whole world (``step_sync`` keyed by the world)
-MEASUREMENT = 20
+# 21: the step probe's compute is the mean call side by side, not the median (``measure_step_sync``)
+MEASUREMENT = 21
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
 # 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.

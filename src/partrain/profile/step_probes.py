@@ -61,14 +61,19 @@ def _seconds_per_call_side_by_side(run, seconds: float, group, device, calls: in
     return per_call.item() / dist.get_world_size(group)
 
 
-def _median_of(run, repeats: int = 50) -> float:
+def _calls(run, repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``run``, after one untimed."""
     run()
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
         run()
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return samples
+
+
+def _median_of(run, repeats: int = 50) -> float:
+    return statistics.median(_calls(run, repeats))
 
 
 def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[int, ...] = (4, 8), rounds: int = 9,
@@ -285,10 +290,19 @@ def measure_step_sync(group, device, computes_s=SYNC_COMPUTES_S, nbytes: int = S
                       rounds: int = 3) -> dict:
     """What a synchronous allreduce costs a training step after every worker computed side
     by side, as data-parallel steps end, for each compute length in ``computes_s``: the
-    median step of compute and an allreduce of ``nbytes`` on ``group``, less the median step
+    median step of compute and an allreduce of ``nbytes`` on ``group``, less the mean step
     of the same compute alone on every rank at once (no collective), on the group's rank 0;
     each the median of ``rounds`` alternations. Returns {"message_bytes", "points": [[compute
     seconds measured side by side, excess seconds], ...]}; every rank of ``group`` calls this.
+
+    The compute is the mean call, the wall time a worker's compute spans side by side, as the
+    predictor's compute is (``Env.slowdown``): where the group outnumbers the cores (emulated
+    nodes on one machine) the cores time-slice the workers, and the median call is one that
+    ran whole, unshared (4 workers on 2 cores: 5.4-6.7 ms for 8 ms of compute), while the
+    synchronised step pays the sharing (the session-64 probe read 16 ms of excess there, the
+    compute's second share among it, which a prediction that had already doubled the compute
+    paid again: the cnn's 4-worker cells across nodes +31% to +42%). With a core each the two
+    differ by the odd slow call.
 
     The collective sweep times back-to-back calls between idle workers, whose mean is not
     what a step pays. On a 2-vCPU VM (issue 17, session 61) a 64 KiB allreduce between two
@@ -305,9 +319,9 @@ def measure_step_sync(group, device, computes_s=SYNC_COMPUTES_S, nbytes: int = S
     buf = torch.ones(max(1, nbytes // 4), device=device)
     rank = dist.get_rank(group)
 
-    def median_step(run, steps: int) -> float:
+    def steps_of(run, steps: int) -> list[float]:
         dist.barrier(group)
-        return _median_of(run, steps)  # every rank out of the barrier at once; one untimed call, then the steps
+        return _calls(run, steps)  # every rank out of the barrier at once; one untimed call, then the steps
 
     points = []
     for target in computes_s:
@@ -315,8 +329,8 @@ def measure_step_sync(group, device, computes_s=SYNC_COMPUTES_S, nbytes: int = S
         steps = max(10, round(window_s / target))  # the same on every rank: the synced steps end in a collective
         free, excess = [], []
         for _ in range(rounds):  # alternated: a passing slowdown of the machine spoils one round, not the median
-            free.append(median_step(lambda: burn(n), steps))
-            excess.append(median_step(lambda: (burn(n), dist.all_reduce(buf, group=group)), steps) - free[-1])
+            free.append(statistics.fmean(steps_of(lambda: burn(n), steps)))
+            excess.append(statistics.median(steps_of(lambda: (burn(n), dist.all_reduce(buf, group=group)), steps)) - free[-1])
         points.append([statistics.median(free), statistics.median(excess)])
     dist.barrier(group)
     return {"message_bytes": buf.numel() * buf.element_size(), "points": points if rank == 0 else []}
