@@ -23,8 +23,9 @@ for the model itself:
   CPU time 1.6 ms in one, 2.5-2.8 ms in the other): a spell that begins between a round's
   two windows spoils that round, not the factor. (The fastest window alone against the
   fastest side by side, as this took it before, read a factor of 1.51 for the gallery's
-  traced model in run64u, where fifteen probes of it in a row read 0.98-1.03 by either
-  rule on a quiet machine: its windows alone had a fast spell, those side by side none.)
+  traced model in run64u, where fifteen probes of it in a row on a quiet machine read
+  0.96-1.03 that way and 0.98-1.03 by rounds: its windows alone had a fast spell, those
+  side by side none.)
 
 Cost: the others start beside the memory probe (``start_corunners``), whose own start-up is
 not timed, so their start costs no wall time of its own; then ``rounds`` alternations of a
