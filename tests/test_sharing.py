@@ -257,3 +257,19 @@ def test_validate_says_when_the_serial_cells_show_the_profiles_ran_at_another_sp
     fast = [serial(b, 1.0, 1.0 - SPEED_SHIFT - 0.01) for b in (8, 16, 32, 64)]
     assert speed_shift(fast) == pytest.approx(-SPEED_SHIFT - 0.01)
     assert speed_shift(slow + [Case("ddp", ("m", "d", 8, 2, 1), "ddp", 1.0, 1.0, 1, 1, 1.0)] * 9) == pytest.approx(0.12)
+
+
+def test_validate_divides_the_serial_shift_out_of_every_prediction_as_a_diagnostic():
+    """A machine 20% faster while profiling leaves every prediction 20% under; divided out,
+    what remains is each strategy's own error, value by value."""
+    from partrain.validate import Case, without_shift
+
+    def case(strategy, predicted):
+        return Case(f"{strategy} {predicted}", ("m", "d", 8, 2, 1), strategy, 1.0, predicted, 1, 1, 1.0)
+
+    cases = [case("serial", 0.8), case("serial", 0.8), case("ddp", 0.8 * 1.1), case("ddp", 0.8 * 0.95)]
+    mape = without_shift(cases, -0.2)
+    assert mape["serial"] == pytest.approx(0.0)
+    assert mape["ddp"] == pytest.approx((0.10 + 0.05) / 2)
+    assert mape["all"] == pytest.approx(0.15 / 4)
+    assert without_shift(cases, 0.0)["ddp"] == pytest.approx((0.12 + 0.24) / 2)  # no shift: the MAPE as measured

@@ -338,3 +338,19 @@ def speed_shift(cases: list[Case], least: int = 4) -> float | None:
         return None
     shift = statistics.median(errors)
     return shift if abs(shift) >= SPEED_SHIFT else None
+
+
+def without_shift(cases: list[Case], shift: float) -> dict[str, float]:
+    """Each strategy's time MAPE (and ``"all"``) with the serial cells' ``shift`` divided out of
+    every prediction: how far the predictions are off beyond the machine's change of speed
+    between profiling and the cells. A diagnostic beside the MAPE as measured, never instead
+    of it. Issue 17's gallery suites at a91feb9 (run66u): serial -17.6% (the same serial cell
+    measured 4.77, 7.88 and 6.10 ms in three repeats), MAPE 22.1% as measured, 13.8% without
+    the shift."""
+    errors: dict[str, list[float]] = defaultdict(list)
+    for case in cases:
+        error = abs((1 + case.error) / (1 + shift) - 1)
+        errors[case.strategy].append(error)
+        errors["all"].append(error)
+    return {strategy: statistics.fmean(values) for strategy, values in errors.items()}
+

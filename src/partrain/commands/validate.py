@@ -55,7 +55,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     )
     from partrain.report.plots import plot_scatter
     from partrain.report.tables import report_tables
-    from partrain.validate import error_signs, speed_shift, twins
+    from partrain.validate import error_signs, speed_shift, twins, without_shift
     from partrain.validate_nodes import link_rates, validate_across_nodes
 
     def profile_for(cfg, needed):
@@ -85,6 +85,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     signs = error_signs(report.cases, workers=2)
     pairs = twins(report.cases)
     shift = speed_shift(report.cases)
+    unshifted = without_shift(report.cases, shift) if shift is not None else None
     links = link_rates(rows, lambda workers, nodes, link: hardware_across(workers, nodes, link, args.profile_dir))
     if args.json:
         print(json.dumps({**report.to_dict(), "plot": str(png),
@@ -92,6 +93,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                           "error_signs_2_workers": {s: {"cells": n, "over": over, "under": under}
                                                     for s, (n, over, under) in signs.items()},
                           "speed_shift": shift,
+                          "mape_without_shift": unshifted,
                           "twins": [{"cells": [a.label, b.label], "measured_s": [a.measured_s, b.measured_s],
                                      "apart": apart} for a, b, apart in pairs]}))
         return 0
@@ -103,6 +105,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"the serial cells are predicted {shift:+.0%} (median): serial is the profile's own parts summed, so the "
               f"profiles most likely ran while the machine was {'slower' if shift > 0 else 'faster'} than for the cells, "
               "a shift every prediction carries; profile again into another --profile-dir while it runs as it did then")
+        print(f"  with that shift divided out of every prediction: time MAPE {unshifted['all']:.1%} ("
+              + ", ".join(f"{s} {m:.1%}" for s, m in sorted(unshifted.items()) if s != "all") + ")")
     for line in report.skipped:
         print(f"  skipped {line}")
     for placement, shaped, measured in links:  # issue 18: within 10% of the shaped rate
