@@ -26,7 +26,7 @@ from partrain.predict.comm import collective_time, tier_of, transfer_time, with_
 from partrain.predict.compute import interpolate
 from partrain.predict.data_parallel import ddp_buckets, overlapped_allreduce
 from partrain.predict.fits import CostFit, Segment, fit_cost, longest_increasing
-from partrain.predict.memory import optimizer_state_bytes, stage_state
+from partrain.predict.memory import optimizer_state_bytes, stage_state, transient_bytes
 from partrain.predict.pipeline import stage_bounds
 from partrain.predict.pipeline_sim import (
     PipelineCosts,
@@ -972,6 +972,31 @@ def test_gpipe_keeps_more_activations_than_1f1b(mlp_profile, cluster):
     fsdp = predict_plan(mlp_profile, cluster, Plan("fsdp", workers=4, dp=4, batch_size=64))
     ddp = predict_plan(mlp_profile, cluster, Plan("ddp", workers=4, dp=4, batch_size=64))
     assert fsdp.memory.optimizer * 4 == pytest.approx(ddp.memory.optimizer, rel=0.01)
+
+
+def test_transient_beyond_a_byte_per_byte_is_held_for_one_micro_batch(mlp_profile, cluster):
+    """A step's transient memory is fitted per byte of activations. Up to one byte per byte is
+    the gradients flowing back through what a stage holds (every micro-batch in flight); the
+    rest is the computation's workspace, for the one micro-batch it computes at a time."""
+    from partrain.predict.memory import activation_bytes, block_input_bytes
+
+    n = len(mlp_profile.blocks)
+    acts = [activation_bytes(mlp_profile, 0, n, b) + block_input_bytes(mlp_profile, 0, b) for b in (4, 16)]
+    gradients, momentum = stage_state(mlp_profile, 0, n, "sgd", 0.9)
+    base = mlp_profile.baseline_rss_bytes + gradients + momentum
+    # serial peaks of 1 MB fixed and 3 bytes per byte of activations, at both profiled batch sizes
+    wide = dataclasses.replace(mlp_profile, batch_sizes=[4, 16],
+                               train_peak_rss_bytes=[int(base + a + 2**20 + 3 * a) for a in acts])
+    assert transient_bytes(wide, 8e6) == pytest.approx(2**20 + 3 * 8e6, rel=1e-3)  # all held, all computed
+    assert transient_bytes(wide, 8e6, 1e6) == pytest.approx(2**20 + 8e6 + 2 * 1e6, rel=1e-3)
+    narrow = dataclasses.replace(wide, train_peak_rss_bytes=[int(base + a + 2**20 + 0.5 * a) for a in acts])
+    assert transient_bytes(narrow, 8e6, 1e6) == pytest.approx(2**20 + 0.5 * 8e6, rel=1e-3)  # no workspace beyond
+
+    common = dict(workers=2, batch_size=64, pp=2, microbatches=8)
+    gpipe = predict_plan(wide, cluster, Plan("gpipe", schedule="gpipe", **common))
+    ofob = predict_plan(wide, cluster, Plan("1f1b", schedule="1f1b", **common))
+    held = gpipe.memory.activations - ofob.memory.activations  # GPipe holds 8 micro-batches, 1F1B 2
+    assert held > 0 and gpipe.memory.transient - ofob.memory.transient == pytest.approx(held, rel=0.05)
 
 
 # ---- predictions --------------------------------------------------------------------------

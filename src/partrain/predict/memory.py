@@ -89,7 +89,7 @@ def stage_state(profile: ModelProfile, lo: int, hi: int, optimizer: str, momentu
     return params // shards, optimizer_state_bytes(params, tensors, optimizer, momentum) // shards
 
 
-def transient_bytes(profile: ModelProfile, activations: float) -> int:
+def transient_bytes(profile: ModelProfile, activations: float, computing: float | None = None) -> int:
     """What a training step holds beyond model state and saved activations, for a worker that
     keeps ``activations`` bytes: the gradients flowing back through the activations, kernel
     workspaces, and memory the allocator keeps without returning it to the system.
@@ -98,6 +98,14 @@ def transient_bytes(profile: ModelProfile, activations: float) -> int:
     size; less its baseline, gradients, momentum and saved activations, what is left is fitted
     as a fixed part plus a part per byte of activations (a least-squares line through the
     batch sizes; proportional with one).
+
+    Up to one byte per byte of activations is what flows back through the ones kept: it grows
+    with every micro-batch a pipeline stage holds. Beyond that it is the computation's own
+    workspace (the loss over a wide head's logits, say), held for the one micro-batch a stage
+    computes at a time, whose activations ``computing`` are (default: all of ``activations``).
+    Issue 17's gallery ``tuple_out`` model (token logits over small saved activations) reads
+    26.5 bytes per byte, the zoo and the other gallery models 0.9-1.3; scaled by all it held,
+    its GPipe cells at batch 128 were predicted 534 MiB against 344-358 measured (run66u).
     """
     n = len(profile.blocks)
     grads, momentum = stage_state(profile, 0, n, "sgd", 0.9)
@@ -111,4 +119,5 @@ def transient_bytes(profile: ModelProfile, activations: float) -> int:
         per_byte = sum((a - mean_a) * (e - mean_e) for a, e in zip(acts, extra)) / sum((a - mean_a) ** 2 for a in acts)
         per_byte = max(0.0, per_byte)
         fixed = max(0.0, mean_e - per_byte * mean_a)
-    return int(fixed + per_byte * activations)
+    computing = activations if computing is None else computing
+    return int(fixed + min(per_byte, 1.0) * activations + max(0.0, per_byte - 1.0) * computing)

@@ -169,7 +169,7 @@ def _pipeline_memory(profile: ModelProfile, hw: HardwareProfile, plan: Plan, bou
     """
     b = _microbatch(plan)
     n = len(bounds)
-    grads = opt = buffers = act = 0.0
+    grads = opt = buffers = act = computing = 0.0
     for s in range(rank, n, plan.pp):
         lo, hi = bounds[s]
         g, o = stage_state(profile, lo, hi, plan.optimizer, plan.momentum)
@@ -179,7 +179,8 @@ def _pipeline_memory(profile: ModelProfile, hw: HardwareProfile, plan: Plan, bou
         buffers += plan.microbatches * ((inp if s > 0 else 0.0) + (out if s < n - 1 else 0.0))
         keeps_out = 0.0 if profile.blocks[hi - 1].saves_output else out
         act += in_flight[s] * (activation_bytes(profile, lo, hi, b, plan.recompute) + keeps_out)
+        computing = max(computing, activation_bytes(profile, lo, hi, b) + block_input_bytes(profile, lo, b))
         if s == 0:
             act += block_input_bytes(profile, 0, plan.batch_size / plan.dp)  # the loaded batch
     return MemoryBreakdown(**_baseline(profile, hw, plan.workers), gradients=int(grads), optimizer=int(opt),
-                           buffers=int(buffers), activations=int(act), transient=transient_bytes(profile, act))
+                           buffers=int(buffers), activations=int(act), transient=transient_bytes(profile, act, computing))
