@@ -353,4 +353,3 @@ def without_shift(cases: list[Case], shift: float) -> dict[str, float]:
         errors[case.strategy].append(error)
         errors["all"].append(error)
     return {strategy: statistics.fmean(values) for strategy, values in errors.items()}
-
