@@ -104,7 +104,7 @@ def transient_bytes(profile: ModelProfile, activations: float, computing: float 
     workspace (the loss over a wide head's logits, say), held for the one micro-batch a stage
     computes at a time, whose activations ``computing`` are (default: all of ``activations``).
     Issue 17's gallery ``tuple_out`` model (token logits over small saved activations) reads
-    26.5 bytes per byte, the zoo and the other gallery models 0.9-1.3; scaled by all it held,
+    26.5 bytes per byte, the zoo and the other gallery models 0-1.3; scaled by all it held,
     its GPipe cells at batch 128 were predicted 534 MiB against 344-358 measured (run66u).
     """
     n = len(profile.blocks)
