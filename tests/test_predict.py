@@ -26,7 +26,13 @@ from partrain.predict.comm import collective_time, tier_of, transfer_time, with_
 from partrain.predict.compute import interpolate
 from partrain.predict.data_parallel import ddp_buckets, overlapped_allreduce
 from partrain.predict.fits import CostFit, Segment, fit_cost, longest_increasing
-from partrain.predict.memory import optimizer_state_bytes, stage_state, transient_bytes
+from partrain.predict.memory import (
+    activation_bytes,
+    block_input_bytes,
+    optimizer_state_bytes,
+    stage_state,
+    transient_bytes,
+)
 from partrain.predict.pipeline import stage_bounds
 from partrain.predict.pipeline_sim import (
     PipelineCosts,
@@ -978,8 +984,6 @@ def test_transient_beyond_a_byte_per_byte_is_held_for_one_micro_batch(mlp_profil
     """A step's transient memory is fitted per byte of activations. Up to one byte per byte is
     the gradients flowing back through what a stage holds (every micro-batch in flight); the
     rest is the computation's workspace, for the one micro-batch it computes at a time."""
-    from partrain.predict.memory import activation_bytes, block_input_bytes
-
     n = len(mlp_profile.blocks)
     acts = [activation_bytes(mlp_profile, 0, n, b) + block_input_bytes(mlp_profile, 0, b) for b in (4, 16)]
     gradients, momentum = stage_state(mlp_profile, 0, n, "sgd", 0.9)
