@@ -45,7 +45,8 @@ from partrain.predict.profile_json import JsonProfile, check_fields
 # 19: on a CPU, with no more workers than cores, a step's synchronisation after computing (``step_sync``)
 # 20: across nodes, the same over the whole world (``step_sync`` keyed by the world)
 # 21: the step probe's compute is the mean call side by side, not the median (``measure_step_sync``)
-MEASUREMENT = 21
+# 22: the step probe's rounds visit every compute length in turn, 5 of them, not 3 of one length after another
+MEASUREMENT = 22
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
 # 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.

@@ -287,7 +287,7 @@ SYNC_BYTES = 64 * 1024
 
 
 def measure_step_sync(group, device, computes_s=SYNC_COMPUTES_S, nbytes: int = SYNC_BYTES, window_s: float = 0.25,
-                      rounds: int = 3) -> dict:
+                      rounds: int = 5) -> dict:
     """What a synchronous allreduce costs a training step after every worker computed side
     by side, as data-parallel steps end, for each compute length in ``computes_s``: the
     median step of compute and an allreduce of ``nbytes`` on ``group``, less the mean step
@@ -314,7 +314,16 @@ def measure_step_sync(group, device, computes_s=SYNC_COMPUTES_S, nbytes: int = S
     2-worker data-parallel steps paid what this says (0.5-1.2 ms over their compute at
     batch 32; tuple_out 2.9-3.2 ms at batch 128, 64 rows a worker, 5 ms of compute), where
     the sweep's mean put 1.2-2.4 ms on each. A 4-byte token does not show it: a one-element
-    allreduce took 0.11-0.14 ms, tail or not."""
+    allreduce took 0.11-0.14 ms, tail or not.
+
+    Rounds: each visits every compute length in turn, so that a slow spell of the machine (of
+    seconds) costs one round of each length rather than the median of the length it fell on.
+    Across 4 emulated nodes on 2 cores at 10 Gbit/s (session 67), three probes a minute apart,
+    3 rounds per length one length after another, read 18.4, 13.4 and 9.5 ms of excess at the
+    longest compute (the cnn's 4-worker data-parallel cells, 14 ms of compute, predicted from
+    the first of such points +16% to +39%); 9 rounds read 10.9-16.5; five rounds in turn, three
+    probes in a row, 13.4-14.1. A round is a window of each length free and synchronised: five
+    cost about a minute there, where every allreduce waits 10 ms, and seconds with a core each."""
     burn, one = _training_kernel(group, device, rows=1)  # a fine grain: the shortest compute is a few passes
     buf = torch.ones(max(1, nbytes // 4), device=device)
     rank = dist.get_rank(group)
@@ -323,14 +332,13 @@ def measure_step_sync(group, device, computes_s=SYNC_COMPUTES_S, nbytes: int = S
         dist.barrier(group)
         return _calls(run, steps)  # every rank out of the barrier at once; one untimed call, then the steps
 
-    points = []
-    for target in computes_s:
-        n = max(1, round(target / one))
-        steps = max(10, round(window_s / target))  # the same on every rank: the synced steps end in a collective
-        free, excess = [], []
-        for _ in range(rounds):  # alternated: a passing slowdown of the machine spoils one round, not the median
-            free.append(statistics.fmean(steps_of(lambda: burn(n), steps)))
-            excess.append(statistics.median(steps_of(lambda: (burn(n), dist.all_reduce(buf, group=group)), steps)) - free[-1])
-        points.append([statistics.median(free), statistics.median(excess)])
+    passes = [max(1, round(target / one)) for target in computes_s]
+    steps = [max(10, round(window_s / target)) for target in computes_s]  # the same on every rank: the synced steps end in a collective
+    free, excess = [[] for _ in computes_s], [[] for _ in computes_s]
+    for _ in range(rounds):  # each round visits every compute length: a slow spell spoils a round of each, not one length's median
+        for i, (n, k) in enumerate(zip(passes, steps)):
+            free[i].append(statistics.fmean(steps_of(lambda: burn(n), k)))
+            excess[i].append(statistics.median(steps_of(lambda: (burn(n), dist.all_reduce(buf, group=group)), k)) - free[i][-1])
+    points = [[statistics.median(f), statistics.median(e)] for f, e in zip(free, excess)]
     dist.barrier(group)
     return {"message_bytes": buf.numel() * buf.element_size(), "points": points if rank == 0 else []}
