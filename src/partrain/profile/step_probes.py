@@ -320,9 +320,13 @@ def measure_step_sync(group, device, computes_s=SYNC_COMPUTES_S, nbytes: int = S
     seconds) costs one round of each length rather than the median of the length it fell on.
     Across 4 emulated nodes on 2 cores at 10 Gbit/s (session 67), three probes a minute apart,
     3 rounds per length one length after another, read 18.4, 13.4 and 9.5 ms of excess at the
-    longest compute (the cnn's 4-worker data-parallel cells, 14 ms of compute, predicted from
-    the first of such points +16% to +39%); 9 rounds read 10.9-16.5; five rounds in turn, three
-    probes in a row, 13.4-14.1. A round is a window of each length free and synchronised: five
+    longest compute (the cnn's 4-worker data-parallel cells, 14 ms of compute, read +16% to +39%
+    in run66n against link profiles whose point read 12.3 ms); 9 rounds read 10.9-16.5; five rounds in turn, three
+    probes in a row, 13.4-14.1. Held against the same 14 cells on 4 emulated nodes (run67m),
+    two link profiles by each way within an hour read 43.3% and 7.6% MAPE (three rounds, one
+    length after another) and 8.0% and 10.9% (five in turn): a wild profile rarer, not ruled out
+    (the second's longest point: 19.1 ms after 10.8 ms of compute, where the first read 14.8 after
+    15.5). A round is a window of each length free and synchronised: five
     cost about a minute there, where every allreduce waits 10 ms, and seconds with a core each."""
     burn, one = _training_kernel(group, device, rows=1)  # a fine grain: the shortest compute is a few passes
     buf = torch.ones(max(1, nbytes // 4), device=device)
