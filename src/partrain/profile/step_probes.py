@@ -320,14 +320,15 @@ def measure_step_sync(group, device, computes_s=SYNC_COMPUTES_S, nbytes: int = S
     seconds) costs one round of each length rather than the median of the length it fell on.
     Across 4 emulated nodes on 2 cores at 10 Gbit/s (session 67), three probes a minute apart,
     3 rounds per length one length after another, read 18.4, 13.4 and 9.5 ms of excess at the
-    longest compute (the cnn's 4-worker data-parallel cells, 14 ms of compute, read +16% to +39%
-    in run66n against link profiles whose point read 12.3 ms); 9 rounds read 10.9-16.5; five rounds in turn, three
-    probes in a row, 13.4-14.1. Held against the same 14 cells on 4 emulated nodes (run67m),
-    two link profiles by each way within an hour read 43.3% and 7.6% MAPE (three rounds, one
-    length after another) and 8.0% and 10.9% (five in turn): a wild profile rarer, not ruled out
-    (the second's longest point: 19.1 ms after 10.8 ms of compute, where the first read 14.8 after
-    15.5). A round is a window of each length free and synchronised: five
-    cost about a minute there, where every allreduce waits 10 ms, and seconds with a core each."""
+    longest compute (the cnn's 4-worker data-parallel cells, 14 ms of compute, read +16% to
+    +39% in run66n against link profiles whose point read 12.3 ms); 9 rounds read 10.9-16.5;
+    five rounds in turn, three probes in a row, 13.4-14.1. Held against the same 14 cells on 4
+    emulated nodes (run67m), two link profiles by each way within an hour read 43.3% and 7.6%
+    MAPE (three rounds, one length after another) and 8.0% and 10.9% (five in turn): a wild
+    profile rarer, not ruled out (the second's longest point: 19.1 ms after 10.8 ms of compute,
+    where the first read 14.8 after 15.5). A round is a window of each length free and
+    synchronised: five cost about a minute there, where every allreduce waits 10 ms, and
+    seconds with a core each."""
     burn, one = _training_kernel(group, device, rows=1)  # a fine grain: the shortest compute is a few passes
     buf = torch.ones(max(1, nbytes // 4), device=device)
     rank = dist.get_rank(group)
@@ -337,12 +338,14 @@ def measure_step_sync(group, device, computes_s=SYNC_COMPUTES_S, nbytes: int = S
         return _calls(run, steps)  # every rank out of the barrier at once; one untimed call, then the steps
 
     passes = [max(1, round(target / one)) for target in computes_s]
-    steps = [max(10, round(window_s / target)) for target in computes_s]  # the same on every rank: the synced steps end in a collective
+    # the same on every rank: the synced steps end in a collective
+    steps = [max(10, round(window_s / target)) for target in computes_s]
     free, excess = [[] for _ in computes_s], [[] for _ in computes_s]
-    for _ in range(rounds):  # each round visits every compute length: a slow spell spoils a round of each, not one length's median
+    for _ in range(rounds):  # every length in each round: a slow spell spoils a round of each, not one's median
         for i, (n, k) in enumerate(zip(passes, steps)):
             free[i].append(statistics.fmean(steps_of(lambda: burn(n), k)))
-            excess[i].append(statistics.median(steps_of(lambda: (burn(n), dist.all_reduce(buf, group=group)), k)) - free[i][-1])
+            synced = steps_of(lambda: (burn(n), dist.all_reduce(buf, group=group)), k)
+            excess[i].append(statistics.median(synced) - free[i][-1])
     points = [[statistics.median(f), statistics.median(e)] for f, e in zip(free, excess)]
     dist.barrier(group)
     return {"message_bytes": buf.numel() * buf.element_size(), "points": points if rank == 0 else []}
