@@ -28,7 +28,7 @@ from partrain.profile.cache import hardware_across
 from partrain.profile.pipeline_fits import fit_loaded
 from partrain.testing import netns
 from partrain.validate_recommend import recommendation_outcomes
-from partrain.validate_nodes import link_rates, validate_across_nodes
+from partrain.validate_nodes import link_rates, validate_across_nodes, wire_rate
 
 ACROSS = {"models": ["mlp"], "strategies": ["serial", "ddp", "gpipe"], "nodes": [2, 4], "workers_per_node": [1, 2],
           "link_mbit": [100, 1000]}
@@ -211,6 +211,14 @@ def test_the_link_rate_a_profile_measured_is_the_marginal_rate_of_its_largest_me
     # timed with the link alone (the sweep's other ranks busy, as in a job, read the CPU's limit too): that rate wins
     hw.points["link_alone"] = {"inter": [[2**22, 0.001 + 2**25 / 99e6], [2**24, 0.001 + 2**27 / 99e6]]}
     assert link_rates(rows, lambda workers, nodes, link: {100.0: hw}.get(link))[0][2] == pytest.approx(99.0)
+
+
+def test_a_link_carries_its_rate_in_frames_and_a_messages_bytes_in_their_payload():
+    # a full frame at MTU 1500: 1448 bytes of payload (IPv4 20, TCP 32 with timestamps) in 1514 (Ethernet 14)
+    assert netns.payload_share() == pytest.approx(1448 / 1514)
+    assert netns.payload_share(9000) == pytest.approx(8948 / 9014)  # jumbo frames lose 0.7%, not 4.4%
+    assert wire_rate(100 * 1448 / 1514) == pytest.approx(100.0)  # all the payload a 100 Mbit/s link can move
+    assert wire_rate(95.0) / 100 - 1 == pytest.approx(-0.0067, abs=1e-4)  # issue 18's -5% links, in frames
 
 
 def test_the_what_if_check_reads_the_recommenders_claims():

@@ -11,6 +11,7 @@ import dataclasses
 from collections import defaultdict
 
 from partrain.predict.profiles import ModelProfile
+from partrain.testing.netns import payload_share
 from partrain.validate import (
     Case,
     Report,
@@ -81,7 +82,8 @@ def link_rates(rows: list[dict], hardware_across) -> list[tuple[str, float, floa
     """(placement, shaped Mbit/s, Mbit/s that its profile measured) per emulated link in
     ``rows`` (``HardwareProfile.link_rate``): None where the link was not profiled, NaN where
     its largest message took no longer than the one before (messages that small pass in the
-    shaper's burst)."""
+    shaper's burst). The measured rate is of payload: the link's own rate, which meters the
+    frames' headers too, is that over ``netns.payload_share()`` (``wire_rate``)."""
     out = []
     placed = {(r["nodes"], r["workers_per_node"], r["link_mbit"]) for r in rows if r.get("nodes")}
     for nodes, per_node, link in sorted(placed):
@@ -89,3 +91,9 @@ def link_rates(rows: list[dict], hardware_across) -> list[tuple[str, float, floa
         rate = None if hardware is None else hardware.link_rate("inter")
         out.append((f"{nodes}x{per_node} nodes at {link:g} Mbit/s", link, None if rate is None else rate * 8 / 1e6))
     return out
+
+
+def wire_rate(payload_mbit: float) -> float:
+    """The rate of the frames that carried ``payload_mbit`` of TCP payload across an emulated
+    link: what its shaper metered, and what ``link_mbit`` states (``netns.payload_share``)."""
+    return payload_mbit / payload_share()

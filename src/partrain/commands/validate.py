@@ -56,7 +56,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from partrain.report.plots import plot_scatter
     from partrain.report.tables import report_tables
     from partrain.validate import error_signs, speed_shift, twins, without_shift
-    from partrain.validate_nodes import link_rates, validate_across_nodes
+    from partrain.validate_nodes import link_rates, validate_across_nodes, wire_rate
 
     def profile_for(cfg, needed):
         run = RunOptions(args.device, cfg.precision, cfg.channels_last, cfg.compile)
@@ -89,7 +89,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     links = link_rates(rows, lambda workers, nodes, link: hardware_across(workers, nodes, link, args.profile_dir))
     if args.json:
         print(json.dumps({**report.to_dict(), "plot": str(png),
-                          "links": [{"placement": p, "shaped_mbit": s, "measured_mbit": m} for p, s, m in links],
+                          "links": [{"placement": p, "shaped_mbit": s, "measured_mbit": m,
+                                     "wire_mbit": None if m is None else wire_rate(m)} for p, s, m in links],
                           "error_signs_2_workers": {s: {"cells": n, "over": over, "under": under}
                                                     for s, (n, over, under) in signs.items()},
                           "speed_shift": shift,
@@ -110,7 +111,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for line in report.skipped:
         print(f"  skipped {line}")
     for placement, shaped, measured in links:  # issue 18: within 10% of the shaped rate
-        said = ("nothing: not profiled" if measured is None else f"{measured:.0f} Mbit/s ({measured / shaped - 1:+.0%})"
+        said = ("nothing: not profiled" if measured is None else
+                f"{measured:.0f} Mbit/s of payload ({measured / shaped - 1:+.1%}), {wire_rate(measured):.0f} Mbit/s of "
+                f"frames with their headers ({wire_rate(measured) / shaped - 1:+.1%})"
                 if measured == measured else "no rate: its largest message was no slower than the one before")
         print(f"link {placement}: profile --hardware measured {said}")
     print(f"plot: {png}")

@@ -108,6 +108,25 @@ def _shape(ns: str, dev: str, link: Link, netem: bool) -> None:
             "burst", str(burst), "latency", "100ms", ns=ns)
 
 
+# every node keeps veth's and the bridge's default MTU; a full frame of it on a link carries the
+# Ethernet header (14 bytes, which the token bucket meters) and IPv4 and TCP headers (20 and 32:
+# TCP's 20 and the 12 of the timestamps option Linux sends by default) around the payload
+MTU, ETHERNET_HEADER, IPV4_TCP_HEADERS = 1500, 14, 52
+
+
+def payload_share(mtu: int = MTU) -> float:
+    """The share of a shaped link's rate that a message's bytes get over TCP: ``tbf`` meters
+    whole Ethernet frames (``tc -s qdisc`` counts their bytes), and each full frame moves
+    ``mtu - 52`` bytes of payload in ``mtu + 14`` (1448 in 1514 at MTU 1500: 95.6%).
+
+    So a 1 Gbit/s link moves at most 956 Mbit/s of a collective's tensors, as 1 Gigabit
+    Ethernet moves about 941 Mbit/s of TCP payload (its wire also carries a preamble and a gap
+    between frames, 24 bytes each, that a veth has not). ``profile --hardware`` times the
+    payload; the rate of the link it crossed is that over this share
+    (``validate_nodes.link_rates``)."""
+    return (mtu - IPV4_TCP_HEADERS) / (mtu + ETHERNET_HEADER)
+
+
 def tbf_burst(rate_mbit: float) -> int:
     """Bytes of the token bucket shaping a link of ``rate_mbit``: 1 ms of the rate, two
     full-size Ethernet frames at least (``_shape`` cuts TCP's segments to fit it).
