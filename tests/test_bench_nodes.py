@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -18,6 +19,7 @@ from partrain.bench import Store, run_suite, runner
 from partrain.bench import nodes as bench_nodes
 from partrain.bench.store import COLUMNS
 from partrain.bench.suite import suite_from_dict
+from partrain.cli import main
 from partrain.config import RunConfig
 from partrain.errors import PartrainError
 from partrain.predict.cluster import load_cluster
@@ -253,7 +255,7 @@ def _ours() -> set[str]:
 @needs_netns
 @pytest.mark.slow  # 15-30 s: torchrun across two namespaces, twice
 @pytest.mark.multiproc
-def test_a_two_node_cell_runs_through_bench_into_the_store_with_its_link(tmp_path, data_dir):
+def test_a_two_node_cell_runs_through_bench_into_the_store_with_its_link(tmp_path, data_dir, capsys):
     suite = suite_from_dict({"models": ["mlp"], "strategies": ["ddp"], "nodes": [2], "link_mbit": [1000],
                              "profile_max_mb": 0.01, **TINY}, "two-nodes")
     with Store(tmp_path / "r.sqlite") as store:
@@ -267,6 +269,14 @@ def test_a_two_node_cell_runs_through_bench_into_the_store_with_its_link(tmp_pat
     # a step's synchronisation after computing, over the world across the two nodes (keyed by it)
     assert list(measured.step_sync) == [2] and len(measured.step_sync[2]) == 3 and measured.step_sync_bytes > 0
     assert not _ours()
+    # validate holds the cell against that profile and says what the link moved: payload, and the frames it took
+    assert main(["validate", "--store", str(tmp_path / "r.sqlite"), "--profile-dir", str(tmp_path), "--data-dir",
+                 str(data_dir), "--plot", str(tmp_path / "v.png")]) == 0
+    line = re.search(r"link 2x1 nodes at 1000 Mbit/s: profile --hardware measured (\d+) Mbit/s of payload \(.*\), "
+                     r"(\d+) Mbit/s of frames with their headers", capsys.readouterr().out)
+    assert line, "no link line"
+    payload, frames = map(int, line.groups())
+    assert frames == pytest.approx(payload * 1514 / 1448, abs=1)
 
 
 @needs_netns
