@@ -253,7 +253,7 @@ def _ours() -> set[str]:
 
 
 @needs_netns
-@pytest.mark.slow  # 15-30 s: torchrun across two namespaces, twice
+@pytest.mark.slow  # about 2 minutes: the link's profile and the cell across two namespaces, then validate
 @pytest.mark.multiproc
 def test_a_two_node_cell_runs_through_bench_into_the_store_with_its_link(tmp_path, data_dir, capsys):
     suite = suite_from_dict({"models": ["mlp"], "strategies": ["ddp"], "nodes": [2], "link_mbit": [1000],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from partrain.commands.args import PROFILE_DIR_HELP, STORE_HELP, print_table
@@ -111,13 +112,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for line in report.skipped:
         print(f"  skipped {line}")
     for placement, shaped, measured in links:  # issue 18: within 10% of the shaped rate
-        said = ("nothing: not profiled" if measured is None else
-                f"{measured:.0f} Mbit/s of payload ({measured / shaped - 1:+.1%}), {wire_rate(measured):.0f} Mbit/s of "
-                f"frames with their headers ({wire_rate(measured) / shaped - 1:+.1%})"
-                if measured == measured else "no rate: its largest message was no slower than the one before")
-        print(f"link {placement}: profile --hardware measured {said}")
+        print(f"link {placement}: profile --hardware measured {_link_words(shaped, measured)}")
     print(f"plot: {png}")
     return 0
+
+
+def _link_words(shaped: float, measured: float | None) -> str:
+    """What a link's profile measured (``validate_nodes.link_rates``), against its shaped rate:
+    the payload's rate and the frames' it implies (``wire_rate``)."""
+    from partrain.validate_nodes import wire_rate
+
+    if measured is None:
+        return "nothing: not profiled"
+    if math.isnan(measured):
+        return "no rate: its largest message was no slower than the one before"
+    wire = wire_rate(measured)
+    return (f"{measured:.0f} Mbit/s of payload ({measured / shaped - 1:+.1%}), "
+            f"{wire:.0f} Mbit/s of frames with their headers ({wire / shaped - 1:+.1%})")
 
 
 def _print_twins(pairs: list) -> None:

@@ -123,7 +123,7 @@ def payload_share(mtu: int = MTU) -> float:
     Ethernet moves about 941 Mbit/s of TCP payload (its wire also carries a preamble and a gap
     between frames, 24 bytes each, that a veth has not). ``profile --hardware`` times the
     payload; the rate of the link it crossed is that over this share
-    (``validate_nodes.link_rates``)."""
+    (``validate_nodes.wire_rate``)."""
     return (mtu - IPV4_TCP_HEADERS) / (mtu + ETHERNET_HEADER)
 
 
