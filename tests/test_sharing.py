@@ -20,7 +20,7 @@ from partrain.profile import outputs
 from partrain.profile.model import _profile_blocks, profile_model
 from partrain.profile.numerics import autocast
 from partrain.profile.timing import Stopwatch
-from partrain.profile.sharing import CoRunners, measure_sharing, sharing_factors, training_step
+from partrain.profile.sharing import CONFIRMATIONS, PAUSE_S, SUSPECT, CoRunners, confirmed, measure_sharing, sharing_factors, training_step
 
 EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster.toml"
 
@@ -156,6 +156,37 @@ def test_the_factor_is_the_median_round_never_below_one():
     raw = {2: {"alone_s": 1.0, "together_s": 1.0, "alone_cpu_s": 1.0, "together_cpu_s": 1.0, "cpu_ratio": 1.25},
            "3": {"alone_s": 1.0, "together_s": 1.0, "alone_cpu_s": 1.0, "together_cpu_s": 1.0, "cpu_ratio": 0.9}}
     assert sharing_factors(raw) == {2: 1.25, 3: 1.0}
+
+
+def _measurements(*readings):
+    """Stands in for one sharing measurement per call, and counts the calls and the pauses."""
+    calls, pauses = [], []
+
+    def measure():
+        calls.append(1)
+        return readings[len(calls) - 1]
+
+    return measure, calls, pauses.append, pauses
+
+
+def test_a_factor_under_suspicion_is_measured_once():
+    measure, calls, pause, pauses = _measurements({2: SUSPECT, 3: 1.0})
+    assert confirmed(measure, pause) == {2: SUSPECT, 3: 1.0}
+    assert len(calls) == 1 and pauses == []
+
+
+def test_a_spell_that_outlasts_a_measurement_is_measured_away():
+    # run69u's tuple_out: 2.00 in every round of one measurement, about 1.1 in the next
+    measure, calls, pause, pauses = _measurements({2: 2.0, 3: 1.0}, {2: 1.08, 3: 1.05})
+    assert confirmed(measure, pause) == {2: 1.08, 3: 1.0}  # each k's lowest
+    assert len(calls) == 2 and pauses == [PAUSE_S]
+
+
+def test_a_factor_the_model_has_stays_after_every_confirmation():
+    readings = [{2: 1.5}, {2: 1.45}, {2: 1.6}, {2: 1.0}]  # the fourth is never taken
+    measure, calls, pause, pauses = _measurements(*readings)
+    assert confirmed(measure, pause) == {2: 1.45}
+    assert len(calls) == 1 + CONFIRMATIONS and pauses == [PAUSE_S] * CONFIRMATIONS
 
 
 def test_a_broken_corunner_is_one_clear_error():
