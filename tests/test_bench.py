@@ -87,7 +87,20 @@ BAD_SUITES = [
     ("not-positive", "models = [\"mlp\"]\nbatch_sizes = [0]\n", "batch_sizes must be at least 1"),
     ("steps-and-epochs", "models = [\"mlp\"]\nsteps = 3\nepochs = 1\n", "not both"),
     ("no-models", "datasets = [\"mnist\"]\n", "no models"),
+    ("min-seconds-with-epochs", "models = [\"mlp\"]\nepochs = 1\nmin_seconds = 1\n", "give steps, not epochs"),
+    ("min-seconds-scratch", "models = [\"mlp\"]\nengine = [\"torch\", \"scratch\"]\nmin_seconds = 1\n",
+     "leave out the scratch engine"),
+    ("min-seconds-negative", "models = [\"mlp\"]\nmin_seconds = -1\n", "min_seconds must be in 0..3600"),
 ]
+
+
+def test_min_seconds_reaches_the_run_and_changes_the_cells_key_only_when_set():
+    plain = suite_from_dict({"models": ["mlp"]}, "s").cells()[0]
+    timed = suite_from_dict({"models": ["mlp"], "min_seconds": 1.5}, "s").cells()[0]
+    assert timed.run_config(None, 60).min_seconds == 1.5 and plain.run_config(None, 60).min_seconds == 0
+    assert "min_seconds" not in plain.identity()  # a cell stored before the key existed keeps its key
+    assert plain.key("hw") != timed.key("hw")  # a longer window is another measurement
+    assert "--min-seconds 1.5" in " ".join(timed.run_config(None, 60).to_argv())
 
 
 @pytest.mark.parametrize("name,text,message", BAD_SUITES, ids=[b[0] for b in BAD_SUITES])

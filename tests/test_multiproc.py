@@ -55,6 +55,16 @@ def test_a_diverging_run_stops_every_worker_in_one_line_exit_status_1(data_dir, 
     assert line.endswith("lower --lr (now 100000)")
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "1f1b"])
+def test_min_seconds_lengthens_every_workers_run_alike(data_dir, strategy):
+    # rank 0 counts the steps still to take and every rank learns its count: none is left
+    # waiting on a collective of a step the others do not take (that would hang, then time out)
+    cfg = RunConfig(strategy=strategy, workers=2, steps=6, min_seconds=0.3, limit=6400, batch_size=64, threads=1,
+                    evaluate=False, data_dir=str(data_dir), timeout_s=60)
+    r = run_training(cfg, show_progress=False)
+    assert 6 < len(r.step_losses) <= 100 and len(r.step_seconds) == len(r.step_losses) == r.epochs[0].steps
+
+
 def test_a_users_model_that_raises_in_a_pipeline_is_one_line_and_debug_shows_its_traceback(data_dir):
     # a micro-batch of one sample reaches BatchNorm1d on the first stage; the other stage, cut off
     # as it waits, fails too, and its "Connection closed by peer" would bury the line that matters

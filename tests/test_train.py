@@ -187,6 +187,38 @@ def test_steps_beyond_the_epochs_are_cut_and_said(data_dir, capsys):
     assert "note: --steps 50 stops at the end of --epochs 1: 10 steps (10 an epoch)" in capsys.readouterr().err
 
 
+def test_min_seconds_counts_the_steps_still_to_take_from_their_median():
+    from types import SimpleNamespace
+
+    from partrain.train import steps_to_fill
+
+    rank0, rank1 = SimpleNamespace(rank=0, device=torch.device("cpu")), SimpleNamespace(rank=1, device=torch.device("cpu"))
+    warm_and_steady = [1.0] * 5 + [0.01] * 20  # the first five left out, as the summary leaves them out
+    assert steps_to_fill(warm_and_steady, 0.5, rank0) == 50 - 20
+    assert steps_to_fill(warm_and_steady, 0.2, rank0) == 0  # 20 steps of 10 ms: enough
+    assert steps_to_fill(warm_and_steady, 0.5, rank1) == 0  # rank 0 counts; the allreduce tells the others
+
+
+def test_min_seconds_lengthens_a_run_of_steps_within_its_epoch(data_dir):
+    short = train(data_dir, model="mlp", steps=8, limit=6400, batch_size=64, evaluate=False)
+    longer = train(data_dir, model="mlp", steps=8, limit=6400, batch_size=64, evaluate=False, min_seconds=0.2)
+    n = len(longer.step_losses)
+    assert len(longer.step_seconds) == n and 8 < n <= 100 and longer.epochs[0].steps == n
+    assert longer.step_losses[:8] == short.step_losses  # the same steps, then more of the same epoch
+    steady = longer.step_seconds[min(5, n // 4):]
+    # rank 0 sized the window from the median of its first steps: the whole window comes close
+    assert n == 100 or len(steady) * sorted(steady)[len(steady) // 2] > 0.1
+    capped = train(data_dir, model="mlp", steps=4, limit=640, batch_size=64, evaluate=False, min_seconds=60)
+    assert len(capped.step_losses) == 10  # the epoch's end: no step of the next epoch
+
+
+def test_min_seconds_needs_steps():
+    with pytest.raises(PartrainError, match="--min-seconds lengthens a run of --steps"):
+        RunConfig(min_seconds=1.0)
+    with pytest.raises(PartrainError, match="--min-seconds"):
+        RunConfig(steps=5, min_seconds=-1.0)
+
+
 def test_batch_larger_than_the_data_is_refused(data_dir):
     with pytest.raises(PartrainError, match="exceeds the 100 training samples"):
         train(data_dir, limit=100, batch_size=128)

@@ -61,6 +61,9 @@ class Job:
     model_options: dict = option({}, "keyword arguments of the model factory (--activation)", DATA, flag="")
     epochs: int = option(1, "epochs over the training split", OPTIM, lo=1)
     steps: int | None = option(None, "stop after this many optimizer steps in total", OPTIM, lo=1)
+    # benchmarks: a window of 20 steps of a few ms each read 22% apart between repeats (run69u)
+    min_seconds: float = option(0.0, "with --steps: more steps, within the epoch, until the steps after the first five "
+                                "last about this many seconds at their median (a benchmark's window; 0: off)", OPTIM, lo=0, hi=7 * 24 * 3600)
     limit: int | None = option(None, "train on the first N samples only", OPTIM, lo=1)
     eval_limit: int | None = option(None, "evaluate on the first N test samples only", OPTIM, lo=1)
     evaluate: bool = option(True, "skip evaluation on the test split", OPTIM, negate="--no-eval")
@@ -251,6 +254,8 @@ class RunConfig(Machinery, Parallelism, Job):
                 raise PartrainError(f"unknown {flag_of(name)} {getattr(self, name)!r}: choose {' or '.join(choices)}")
         self._check_average_every()
         self._check_parallel()
+        if self.min_seconds and not self.steps:
+            raise PartrainError("--min-seconds lengthens a run of --steps, within its epoch: give --steps too")
 
     def _check_average_every(self) -> None:
         if isinstance(self.average_every, str) and self.average_every != "epoch":

@@ -60,6 +60,12 @@ class StepProgress:
             self.bar.update(self.task, advance=self.pending)
             self.bar.stop()
 
+    def extend(self, steps: int) -> None:
+        """``steps`` more than announced (train's --min-seconds)."""
+        self.total += steps
+        if self.enabled:
+            self.bar.update(self.task, total=self.total)
+
     def advance(self, loss, batch: int) -> None:
         if not self.enabled:
             return

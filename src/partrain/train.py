@@ -218,6 +218,12 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
             last = min(steps_per_epoch, first + total_steps - done)
             epoch_start = time.perf_counter()
             local_losses = run_steps(stepper, train_feed, order, range(first, last), cfg.batch_size, result, progress)
+            if cfg.min_seconds and done + last - first >= total_steps:  # a benchmark's window (--min-seconds)
+                if more := min(steps_per_epoch - last, steps_to_fill(result.step_seconds, cfg.min_seconds, ctx)):
+                    progress.extend(more)
+                    local_losses += run_steps(stepper, train_feed, order, range(last, last + more), cfg.batch_size,
+                                              result, progress)
+                    last, total_steps = last + more, total_steps + more
             done += last - first
             finished = last == steps_per_epoch
             if finished:
@@ -273,6 +279,17 @@ def check_finite(losses: list[float], before: int, lr: float, precision: str = "
     hint = " or train in fp32 (--precision fp32)" if precision != "fp32" else ""
     raise Diverged(f"the training diverged: the loss is {losses[-1]} from step {before + since + 1} on, so the weights "
                    f"are no longer numbers; lower --lr (now {lr:g}){hint}")
+
+
+def steps_to_fill(seconds: list[float], min_seconds: float, ctx: DistContext) -> int:
+    """Steps still to take for the run's steps (warm-up left out as ``RunResult.summary``
+    leaves it out) to number at least ``min_seconds`` over their median: rank 0 counts by its
+    own clock, every rank learns the count (one 1-element allreduce, once a run)."""
+    steady = seconds[min(5, len(seconds) // 4):]
+    more = 0
+    if ctx.rank == 0 and steady:
+        more = max(0, math.ceil(min_seconds / max(statistics.median(steady), 1e-9)) - len(steady))
+    return int(all_reduce_sum(torch.tensor([more], dtype=torch.float64), ctx.device).item())
 
 
 def _stop_requested(on_epoch: EpochHook, ep: EpochResult, ctx: DistContext) -> bool:

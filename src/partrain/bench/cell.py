@@ -47,6 +47,7 @@ class Cell:
     nodes: int | None = None
     workers_per_node: int | None = None
     link_mbit: float | None = None
+    min_seconds: float = 0.0  # train's --min-seconds: the measured window at least this long
 
     @property
     def label(self) -> str:
@@ -113,12 +114,13 @@ class Cell:
             evaluate=self.steps is None, batch_size=self.batch_size, lr=self.lr, seed=self.seed,
             strategy=self.strategy, workers=self.workers, microbatches=self.microbatches,
             threads=self.threads, timeout_s=min(timeout, 300.0), precision=self.precision,
-            channels_last=self.channels_last, compile=self.compile,
+            channels_last=self.channels_last, compile=self.compile, min_seconds=self.min_seconds,
         )
 
 
 # the keys of the cells stored before these existed stay the same
-_RUN_OPTION_DEFAULTS = {"precision": "fp32", "channels_last": False, "compile": False, "engine": "torch"}
+_RUN_OPTION_DEFAULTS = {"precision": "fp32", "channels_last": False, "compile": False, "engine": "torch",
+                        "min_seconds": 0.0}
 _NODE_FIELDS = ("nodes", "workers_per_node", "link_mbit")
 
 

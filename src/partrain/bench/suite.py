@@ -13,6 +13,7 @@ A suite file lists the axes of the matrix and how much of each run to measure::
     repeats = 1
     warmup_steps = 5                 # dropped from the step-time statistics
     steps = 30                       # measured steps after warm-up ... or: epochs = 1
+    min_seconds = 1.0                # ... and more, within the epoch, until they take at least this long
     synthetic = false                # generated data (implied for imagenet and highres)
     limit = 6000                     # train on the first N samples only
     eval_limit = 1000                # epochs mode: evaluate on the first N test samples
@@ -114,6 +115,7 @@ class Suite:
     repeats: int = 1
     warmup_steps: int = 5
     steps: int | None = 20
+    min_seconds: float = 0.0
     epochs: int | None = None
     synthetic: bool = False
     limit: int | None = None
@@ -161,7 +163,7 @@ class Suite:
                             model, dataset, strategy, workers, batch, mb, lr, repeat,
                             self.synthetic or dataset_spec(dataset).synthetic_only, self.warmup_steps, self.steps,
                             self.epochs, self.limit, self.eval_limit, self.threads, self.seed, precision,
-                            self.channels_last, self.compile, engine, nodes, per_node, link,
+                            self.channels_last, self.compile, engine, nodes, per_node, link, self.min_seconds,
                         ))
         return sorted(cells, key=lambda c: c.repeat)  # stable: the matrix order within a pass
 
@@ -193,6 +195,7 @@ _SCHEMA: dict[str, tuple[type | tuple, bool, tuple | None]] = {
     "repeats": (int, False, _POSITIVE),
     "warmup_steps": (int, False, (lambda v: v >= 0, "0 or more")),
     "steps": (int, False, _POSITIVE),
+    "min_seconds": ((int, float), False, (lambda v: math.isfinite(v) and 0 <= v <= 3600, "in 0..3600")),
     "epochs": (int, False, _POSITIVE),
     "synthetic": (bool, False, None),
     "limit": (int, False, _POSITIVE),
@@ -247,6 +250,9 @@ def suite_from_dict(raw: dict, source: str) -> Suite:
         raise PartrainError(f"{source}: give steps (measured steps after warm-up) or epochs, not both")
     if "epochs" in fields:
         fields["steps"] = None
+    if fields.get("min_seconds") and ("epochs" in fields or "scratch" in fields.get("engine", ())):
+        raise PartrainError(f"{source}: min_seconds lengthens the torch engine's runs of steps: "
+                            + ("give steps, not epochs" if "epochs" in fields else "leave out the scratch engine"))
     _check_nodes(source, fields)
     fields.setdefault("name", Path(source).stem)
     _check_names(source, fields)
