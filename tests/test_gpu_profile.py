@@ -281,7 +281,7 @@ def test_a_suite_runs_each_cell_at_every_precision_asked_and_old_cells_keep_thei
     plain = Cell("mlp", "mnist", "serial", 1, 64, None, 0.01)
     before = {k: v for k, v in dataclasses.asdict(plain).items() if k not in ("repeat", "precision", "channels_last",
                                                                               "compile", "engine", "nodes", "workers_per_node",
-                                                                              "link_mbit")}
+                                                                              "link_mbit", "min_seconds")}
     assert plain.key("h") == _digest({**before, "repeat": 0, "hardware": "h"})  # as stored before: found again
     with pytest.raises(PartrainError, match="precisions"):
         suite_from_dict({"models": ["mlp"], "precisions": ["fp8"]}, "t")
