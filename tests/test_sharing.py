@@ -20,7 +20,8 @@ from partrain.profile import outputs
 from partrain.profile.model import _profile_blocks, profile_model
 from partrain.profile.numerics import autocast
 from partrain.profile.timing import Stopwatch
-from partrain.profile.sharing import CONFIRMATIONS, PAUSE_S, SUSPECT, CoRunners, confirmed, measure_sharing, sharing_factors, training_step
+from partrain.profile.sharing import (CONFIRMATIONS, PAUSE_S, SUSPECT, CoRunners, confirmed, measure_sharing,
+                                     sharing_factors, training_step)
 
 EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster.toml"
 

@@ -63,7 +63,8 @@ class Job:
     steps: int | None = option(None, "stop after this many optimizer steps in total", OPTIM, lo=1)
     # benchmarks: a window of 20 steps of a few ms each read 22% apart between repeats (run69u)
     min_seconds: float = option(0.0, "with --steps: more steps, within the epoch, until the steps after the first five "
-                                "last about this many seconds at their median (a benchmark's window; 0: off)", OPTIM, lo=0, hi=7 * 24 * 3600)
+                                "last about this many seconds at their median (a benchmark's window; 0: off)", OPTIM,
+                                lo=0, hi=7 * 24 * 3600)
     limit: int | None = option(None, "train on the first N samples only", OPTIM, lo=1)
     eval_limit: int | None = option(None, "evaluate on the first N test samples only", OPTIM, lo=1)
     evaluate: bool = option(True, "skip evaluation on the test split", OPTIM, negate="--no-eval")

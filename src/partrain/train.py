@@ -98,8 +98,7 @@ class RunResult:
 
     def summary(self) -> dict:
         """Headline figures: accuracy, loss, median step time, throughput."""
-        steady = self.step_seconds[min(5, len(self.step_seconds) // 4):]  # skip warm-up steps
-        median = statistics.median(steady) if steady else None
+        median = statistics.median(steady) if (steady := steady_steps(self.step_seconds)) else None
         batch = self.config["batch_size"]
         return {
             "test_accuracy": self.test_accuracy,
@@ -221,8 +220,7 @@ def _train(cfg: RunConfig, ctx: DistContext, threads: int, show_progress: bool, 
             if cfg.min_seconds and done + last - first >= total_steps:  # a benchmark's window (--min-seconds)
                 if more := min(steps_per_epoch - last, steps_to_fill(result.step_seconds, cfg.min_seconds, ctx)):
                     progress.extend(more)
-                    local_losses += run_steps(stepper, train_feed, order, range(last, last + more), cfg.batch_size,
-                                              result, progress)
+                    local_losses += run_steps(stepper, train_feed, order, range(last, last + more), cfg.batch_size, result, progress)
                     last, total_steps = last + more, total_steps + more
             done += last - first
             finished = last == steps_per_epoch
@@ -281,12 +279,15 @@ def check_finite(losses: list[float], before: int, lr: float, precision: str = "
                    f"are no longer numbers; lower --lr (now {lr:g}){hint}")
 
 
+def steady_steps(seconds: list[float]) -> list[float]:
+    """A run's step times without its warm-up steps (the first five, or a quarter of a short run)."""
+    return seconds[min(5, len(seconds) // 4):]
+
+
 def steps_to_fill(seconds: list[float], min_seconds: float, ctx: DistContext) -> int:
-    """Steps still to take for the run's steps (warm-up left out as ``RunResult.summary``
-    leaves it out) to number at least ``min_seconds`` over their median: rank 0 counts by its
-    own clock, every rank learns the count (one 1-element allreduce, once a run)."""
-    steady = seconds[min(5, len(seconds) // 4):]
-    more = 0
+    """Steps still to take for the ``steady_steps`` to last ``min_seconds`` at their median:
+    rank 0 counts by its own clock, one 1-element allreduce tells every rank (once a run)."""
+    steady, more = steady_steps(seconds), 0
     if ctx.rank == 0 and steady:
         more = max(0, math.ceil(min_seconds / max(statistics.median(steady), 1e-9)) - len(steady))
     return int(all_reduce_sum(torch.tensor([more], dtype=torch.float64), ctx.device).item())

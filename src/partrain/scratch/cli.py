@@ -18,7 +18,8 @@ from partrain.errors import PartrainError
 MAX_WIDTH = 65536  # a hidden layer's width: 784 x 65536 float64 weights and their gradients are 0.8 GB already
 _TORCH_ONLY = {"pp": None, "dp": None, "schedule": None, "recompute": False, "split_points": None,
                "checkpoint": None, "resume": None, "save_model": None, "stages_per_worker": 1,
-               "precision": "fp32", "channels_last": False, "compile": False, "min_seconds": 0.0}  # --dtype is the scratch engine's numerics
+               "precision": "fp32", "channels_last": False, "compile": False,  # --dtype is the scratch engine's numerics
+               "min_seconds": 0.0}
 
 
 def add_engine_option(p: argparse.ArgumentParser) -> None:
