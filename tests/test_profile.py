@@ -411,6 +411,34 @@ def test_the_probes_timings_are_brought_to_the_pace_of_the_whole_profile():
     assert probe_pace([], probe) == probe_pace(profiler, []) == 1.0
 
 
+def test_paired_ratios_see_through_a_spell_and_time_the_reference_warm(monkeypatch):
+    """A fake clock: the larger step takes 4 units and the reference 1, both twice as long in a
+    slow spell (pairs 2 and 3); the reference's first call after the larger step runs cold (3
+    units) and is not the one timed. Every pair reads 4, and pairs go on until the larger step
+    has taken the target (at least one pair)."""
+    import partrain.profile.pace as pace_module
+
+    clock = {"now": 0.0, "pair": 0, "warm": False}
+    monkeypatch.setattr(pace_module.time, "perf_counter", lambda: clock["now"])
+
+    def slow() -> float:
+        return 2.0 if clock["pair"] in (2, 3) else 1.0
+
+    def step() -> None:
+        clock["pair"] += 1
+        clock["now"] += 4.0 * slow()
+        clock["warm"] = False
+
+    def reference() -> None:
+        clock["now"] += (1.0 if clock["warm"] else 3.0) * slow()
+        clock["warm"] = True
+
+    ratios = pace_module.paired_ratios(step, reference, target_s=21.0)
+    assert ratios == pytest.approx([4.0] * 4)  # 4 + 8 + 8 + 4 units: the target of 21 passed at the fourth
+    clock["pair"] = 10
+    assert pace_module.paired_ratios(step, reference, target_s=0.0) == pytest.approx([4.0])
+
+
 def test_a_pace_window_times_the_step_at_least_once_and_clears_after_it():
     from partrain.profile.pace import MIN_STEPS, Pace, window
 

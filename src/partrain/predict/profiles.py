@@ -53,7 +53,9 @@ MEASUREMENT = 22
 # 4: on a CPU, each block's forward and backward also from cold caches (``BlockProfile.fwd_cold_s``).
 # 5: on a CPU, the memory probe's timings at the machine's pace over the whole profile (``probe_pace``).
 # 6: on a CPU, the compute sharing factor is the median of each round's own ratio (``profile.sharing``).
-MODEL_MEASUREMENT = 6
+# 7: on a CPU, the bare loop at each larger batch size is a multiple of the smallest's step, paired
+#    step by step over the probe's rounds (``pace.paired_ratios``), not one run of its own.
+MODEL_MEASUREMENT = 7
 
 
 class PipelineRuntime(NamedTuple):

@@ -2,8 +2,9 @@
 fresh process can show (its resident memory after set-up and after a few steps) and what
 partrain's own loop costs on a world of one, per strategy, and inside a hybrid's replica
 wrapper; on a CPU it also times a bare serial loop at every profiled batch size ("bare_loop":
-load a batch, forward, loss, backward, SGD step), which ``profile.model`` turns into the
-loop's step time there. ``profile.model`` starts it (``measure_memory``) and folds its figures
+load a batch, forward, loss, backward, SGD step), each larger size as a multiple of the
+smallest's step, paired step by step in rounds spread over the probe, which ``profile.model``
+turns into the loop's step time there. ``profile.model`` starts it (``measure_memory``) and folds its figures
 into the profile.
 
 On a GPU (``cuda_probe``, run in the profiler's own process: the allocator's peaks reset, and
@@ -39,8 +40,8 @@ from partrain.distributed.spawn import child_env, python_command
 from partrain.errors import PartrainError
 from partrain.models import build_model
 from partrain.profile.numerics import autocast, place, place_input
-from partrain.profile.pace import Pace, bare_step, still_sgd
-from partrain.profile.timing import Stopwatch, lower_half_median, median_times, timed
+from partrain.profile.pace import Pace, bare_step, paired_ratios, still_sgd
+from partrain.profile.timing import Stopwatch, lower_half_median
 from partrain.progress import phase
 from partrain.spec import SPECS
 from partrain.strategies.base import (
@@ -86,24 +87,44 @@ def baseline_probe() -> None:
     torch.ones(64, 64) @ torch.ones(64, 64)  # start the intra-op thread pool
     out = {"rss": _status_bytes("VmRSS"), "peak": _status_bytes("VmHWM"), "train_peaks": [], "bare_loop": []}
     opt, sizes = still_sgd(net), sorted(args["batch_sizes"])
-    pace = Pace(bare_step(net, opt, train_set, sizes[0], run))  # its window before, between and after the timings below
+    # the bare step at the smallest size (it allocates the momentum): the windows of the machine's
+    # pace before, between and after the timings below, and what every other size is paired with
+    pace = Pace(bare_step(net, opt, train_set, sizes[0], run))
     pace.sample()
+    steps = {b: bare_step(net, opt, train_set, b, run) for b in sizes}
     for b in sizes:
-        # the warm-up step allocates the momentum, the timed ones run with it
-        out["bare_loop"].append(median_times(timed(bare_step(net, opt, train_set, b, run)), max_repeats=BARE_LOOP_MAX_STEPS,
-                                             target_s=BARE_LOOP_TARGET_S)[0])
+        steps[b]()
+        steps[b]()  # a step's peak, with the momentum and the allocator's pages of the step before
         out["train_peaks"].append(_status_bytes("VmHWM"))
-    pace.sample()
-    steps = args["world_of_one_steps"]
-    out["world_of_one"] = _time_world_of_one(args, after_round=pace.sample) if steps else {}
+    ratios: dict[int, list[float]] = {b: [] for b in sizes[1:]}
+
+    def bare_round() -> None:
+        """A window of the machine's pace, then every larger size's bare step against the
+        smallest's, pair by pair (``pace.paired_ratios``): one round before the world-of-one runs,
+        one after each of their rounds, one after the replica wrapper. The window comes first,
+        after other work, as the profiler's do: taken after the pairs, on caches they had just
+        warmed, the probe's windows read faster than the profiler's (the traced gallery model:
+        the probe's figures scaled by 1.08-1.57 in three profiles, its serial loop predicted
+        +35% to +113%)."""
+        pace.sample()
+        for b in ratios:
+            ratios[b] += paired_ratios(steps[b], pace.step, BARE_LOOP_TARGET_S / BARE_LOOP_ROUNDS)
+
+    bare_round()
+    n = args["world_of_one_steps"]
+    out["world_of_one"] = _time_world_of_one(args, after_round=bare_round) if n else {}
     x, y = train_set.get(torch.arange(sizes[0]) % len(train_set))
-    out["replica_wrapper"] = _time_replica_wrapper(args, x, y, max(2, steps // 2)) if steps else 0.0
-    pace.sample()
+    out["replica_wrapper"] = _time_replica_wrapper(args, x, y, max(2, n // 2)) if n else 0.0
+    bare_round()
     out["pace"] = pace.windows
+    smallest = statistics.median(pace.windows)
+    out["bare_loop"] = [smallest] + [smallest * statistics.median(ratios[b]) for b in sizes[1:]]
     print(json.dumps(out))
 
 
-BARE_LOOP_TARGET_S, BARE_LOOP_MAX_STEPS = 0.1, 21  # 3 to 21 timed steps, about 0.1 s (2% of a gallery model's profile)
+# the bare loop's pairs: about 0.15 s of each larger size's step over the whole probe (at least one
+# pair a round), spread over the rounds a probe of WORLD_OF_ONE_ROUNDS takes (1 + 3 + 1)
+BARE_LOOP_TARGET_S, BARE_LOOP_ROUNDS = 0.15, 5
 
 
 WORLD_OF_ONE = tuple(name for name, spec in SPECS.items() if spec.world_of_one_probe)
