@@ -4,8 +4,8 @@ partrain's own loop costs on a world of one, per strategy, and inside a hybrid's
 wrapper; on a CPU it also times a bare serial loop at every profiled batch size ("bare_loop":
 load a batch, forward, loss, backward, SGD step), each larger size as a multiple of the
 smallest's step, paired step by step in rounds spread over the probe, which ``profile.model``
-turns into the loop's step time there. ``profile.model`` starts it (``measure_memory``) and folds its figures
-into the profile.
+turns into the loop's step time there. ``profile.model`` starts it (``measure_memory``) and
+folds its figures into the profile.
 
 On a GPU (``cuda_probe``, run in the profiler's own process: the allocator's peaks reset, and
 count from what that process holds) the memory is the CUDA caching allocator's: the bytes the model's
@@ -85,7 +85,7 @@ def baseline_probe() -> None:
     net = place(build_model(args["model"], tuple(args["input_shape"]), args["num_classes"], **args["options"]), cpu,
                 run["channels_last"])
     torch.ones(64, 64) @ torch.ones(64, 64)  # start the intra-op thread pool
-    out = {"rss": _status_bytes("VmRSS"), "peak": _status_bytes("VmHWM"), "train_peaks": [], "bare_loop": []}
+    out = {"rss": _status_bytes("VmRSS"), "peak": _status_bytes("VmHWM"), "train_peaks": []}
     opt, sizes = still_sgd(net), sorted(args["batch_sizes"])
     # the bare step at the smallest size (it allocates the momentum): the windows of the machine's
     # pace before, between and after the timings below, and what every other size is paired with
@@ -120,11 +120,6 @@ def baseline_probe() -> None:
     smallest = statistics.median(pace.windows)
     out["bare_loop"] = [smallest] + [smallest * statistics.median(ratios[b]) for b in sizes[1:]]
     print(json.dumps(out))
-
-
-# the bare loop's pairs: about 0.15 s of each larger size's step over the whole probe (at least one
-# pair a round), spread over the rounds a probe of WORLD_OF_ONE_ROUNDS takes (1 + 3 + 1)
-BARE_LOOP_TARGET_S, BARE_LOOP_ROUNDS = 0.15, 5
 
 
 WORLD_OF_ONE = tuple(name for name, spec in SPECS.items() if spec.world_of_one_probe)
@@ -211,6 +206,9 @@ def _cuda_run(args: dict, strategy: str, batch: int, steps: int, device: torch.d
 # differences of short steps that a burst of other work can swamp in a few samples
 WORLD_OF_ONE_WARMUP, WORLD_OF_ONE_TARGET_S, WORLD_OF_ONE_MAX_STEPS = 1, 0.1, 64
 WORLD_OF_ONE_ROUNDS = 3  # turns the strategies take, each round's steps a third of them
+# the bare loop's pairs: about 0.15 s of each larger size's step over the whole probe (at least one
+# pair a round), spread over its rounds: before the world-of-one runs, after each of theirs, at the end
+BARE_LOOP_TARGET_S, BARE_LOOP_ROUNDS = 0.15, WORLD_OF_ONE_ROUNDS + 2
 
 
 def world_of_one_steps(step_s: float) -> int:
