@@ -17,7 +17,7 @@ from partrain.predict.profiles import HardwareProfile, ModelProfile
 from partrain.profile import cache as cache_module
 from partrain.profile import model as model_module
 from partrain.profile.cache import load_or_profile
-from partrain.profile.collectives import sweep
+from partrain.profile.collectives import interleaved, repeats_for, sweep
 from partrain.profile.hardware import fit_measurements, group_sizes, profile_hardware
 from partrain.profile.step_probes import SYNC_BYTES, SYNC_COMPUTES_S
 from partrain.profile.model import profile_model
@@ -257,6 +257,45 @@ def test_a_sweep_times_again_a_point_slower_than_a_larger_message():
     slow = lambda n: calls.append(n) or {1: 5e-4, 2: 1e-4}[n]  # noqa: E731
     assert sweep(slow, [1, 2], retries=2) == [(1, 5e-4), (2, 1e-4)] and sorted(calls) == [1, 1, 1, 2]
     assert sweep(lambda n: n * 1e-6, [4, 1, 2]) == [(4, 4e-6), (1, 1e-6), (2, 2e-6)]  # the order asked for
+
+
+class _Call:
+    """One collective call of a fake backend: knows its point, counts the warm-up calls."""
+
+    warmed: list = []
+
+    def __init__(self, key):
+        self.key = key
+
+    def __call__(self):
+        _Call.warmed.append(self.key)
+
+
+def test_collectives_are_timed_in_passes_so_an_episode_slows_one_trial_of_a_point():
+    # a fake clock: each timing takes repeats x the point's time; an episode (issue 18's 4-node
+    # link profile at 100 Mbit/s) makes all of it 1.6x slower for a stretch shorter than a pass
+    sizes = [2**12, 2**16, 2**20]
+    true = {(name, n): n * k for name, k in (("allreduce", 1e-8), ("broadcast", 2e-8)) for n in sizes}
+    pass_s = sum(repeats_for(n) * t for (_, n), t in true.items())
+    clock, order = [0.0], []
+
+    def time_once(run, repeats):
+        t = true[run.key] * (1.6 if 0.3 * pass_s <= clock[0] < 1.2 * pass_s else 1.0)
+        clock[0] += repeats * t
+        order.append(run.key)
+        return t
+
+    _Call.warmed.clear()
+    makes = {name: (lambda n, name=name: _Call((name, n))) for name in ("allreduce", "broadcast")}
+    times = interleaved(makes, sizes, time_once=time_once)
+    assert times == pytest.approx(true)  # every point's median is outside the episode
+    assert order == [*true] * 3  # a pass over every collective and size, three times
+    assert _Call.warmed == [*true]  # each point warmed up once, before its first timing
+    # back to back, as the sweep timed them before: the points inside the episode read it
+    clock[0], slowed = 0.0, {}
+    for key in true:
+        slowed[key] = sorted(time_once(_Call(key), repeats_for(key[1])) for _ in range(3))[1]
+    assert any(slowed[key] > 1.5 * true[key] for key in true)
 
 
 def test_group_sizes():

@@ -89,23 +89,48 @@ def _sync(device: torch.device) -> None:
 def _timed(run, repeats: int, trials: int = 3) -> float:
     """Median over ``trials`` of the slowest rank's mean seconds per call (on a GPU until the
     queued collectives have finished, not only been launched)."""
-    device = _backend_device()
     run()  # warm-up: connections, buffers
-    out = []
-    for _ in range(trials):
-        _sync(device)
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            run()
-        _sync(device)
-        elapsed = torch.tensor([(time.perf_counter() - start) / repeats], dtype=torch.float64, device=device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        out.append(elapsed.item())
-    return statistics.median(out)
+    return statistics.median(_time_once(run, repeats) for _ in range(trials))
 
 
-def sweep(time_of, sizes: list[int], slack: float = 1.5, margin_s: float = 50e-6, retries: int = 2) -> list[tuple[int, float]]:
+def _time_once(run, repeats: int) -> float:
+    """The slowest rank's mean seconds per call over ``repeats`` calls, started together."""
+    device = _backend_device()
+    _sync(device)
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        run()
+    _sync(device)
+    elapsed = torch.tensor([(time.perf_counter() - start) / repeats], dtype=torch.float64, device=device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return elapsed.item()
+
+
+def interleaved(makes: dict, sizes: list[int], time_once=_time_once, trials: int = 3) -> dict[tuple[str, int], float]:
+    """``{(name, n): seconds}``: the median over ``trials`` passes, each of which times every
+    collective of ``makes`` (``name -> make(n)``, a callable running one call of ``n`` bytes)
+    at every size once, in turn, with ``time_once(run, repeats_for(n))``.
+
+    Passes rather than a point's trials back to back: an episode of a few seconds in which this
+    VM's vCPUs run other work then slows one trial of the points it overlaps, which the median
+    drops, as long as it is shorter than a pass, where back to back it slowed every trial of the
+    points it overlapped. (Issue 18: a 4-node link profile at 100 Mbit/s read the 4 KiB-1 MiB
+    allreduce 32-100% slow, the same sizes' other collectives and the 4 MiB allreduce timed
+    seconds later as usual, and every cell over that link was then predicted 19-23% over.)"""
+    seen: dict[tuple[str, int], list[float]] = {}
+    for trial in range(trials):
+        for name, make in makes.items():
+            for n in sizes:
+                run = make(n)
+                if trial == 0:
+                    run()  # warm-up: connections, buffers
+                seen.setdefault((name, n), []).append(time_once(run, repeats_for(n)))
+    return {key: statistics.median(times) for key, times in seen.items()}
+
+
+def sweep(time_of, sizes: list[int], slack: float = 1.5, margin_s: float = 50e-6, retries: int = 2,
+          first: dict[int, float] | None = None) -> list[tuple[int, float]]:
     """``[(n, time_of(n))]`` over ``sizes``, where a size that took longer than ``slack`` times a
     larger size (and ``margin_s`` more) is timed again, up to ``retries`` times, the shortest
     time kept.
@@ -118,8 +143,8 @@ def sweep(time_of, sizes: list[int], slack: float = 1.5, margin_s: float = 50e-6
     over that link, whose messages are that size, 40% over its measure (issue 18, run52).
     Timed again a sweep later, past the episode, the point reads what the link does.
     ``time_of`` returns the same value on every rank (``_timed`` takes the slowest), so every
-    rank times the same sizes again."""
-    times = {n: time_of(n) for n in sizes}
+    rank times the same sizes again. ``first``: the sizes' times taken already (``interleaved``)."""
+    times = dict(first) if first is not None else {n: time_of(n) for n in sizes}
     floor = math.inf  # the shortest time of any larger size
     for n in sorted(sizes, reverse=True):
         for _ in range(retries):
@@ -185,21 +210,29 @@ def measure_collectives(group, group_ranks: list[int], pair: tuple[int, int] | N
 
 def _measure_collectives(group, group_ranks, pair, sizes, device, alone) -> tuple[dict, list[str]]:
     inside = dist.get_rank() in group_ranks
-    results: dict[str, list[tuple[int, float]]] = {}
+    makes: dict[str, object] = {}  # name -> make(n): one call of n bytes (a round trip for sendrecv)
+    halves = {"sendrecv": 2}  # a ping-pong's one-way time is half its round trip
     notes: list[str] = []
     for name in COLLECTIVES:
         if name == "sendrecv":
-            if pair is not None:
-                results[name] = sweep(lambda n: _timed(_ping_pong(n, *pair, device), repeats_for(n)) / 2, sizes)
+            if pair is not None:  # None: not timed, another group of the tier times it
+                makes[name] = lambda n: _ping_pong(n, *pair, device)
             continue
-        if name == "fsdp_unit":  # a unit's step costs 3 collectives and more: the fit carries it past 16 MiB
-            results[name] = [(n, _fsdp_unit_cost(n, group, alone, inside, device)) for n in sizes if n <= 16 * 2**20]
+        if name == "fsdp_unit":  # timed after the others, alone: it builds a module per size
             continue
-        make = (lambda n: _op(name, n, group, group_ranks, device)) if inside else (lambda n: (lambda: None))
+        make = (lambda n, name=name: _op(name, n, group, group_ranks, device)) if inside else (lambda n: (lambda: None))
         if not _supported(make(sizes[0])):
             notes.append(f"{name} skipped: the {dist.get_backend()} backend does not run it")
             continue
-        results[name] = sweep(lambda n: _timed(make(n), repeats_for(n)), sizes)
+        makes[name] = make
+    first = interleaved(makes, sizes)
+    results: dict[str, list[tuple[int, float]]] = {}
+    for name, make in makes.items():
+        half = halves.get(name, 1)
+        results[name] = sweep(lambda n, make=make, half=half: _timed(make(n), repeats_for(n)) / half, sizes,
+                              first={n: first[name, n] / half for n in sizes})
+    # a unit's step costs 3 collectives and more: the fit carries it past 16 MiB
+    results["fsdp_unit"] = [(n, _fsdp_unit_cost(n, group, alone, inside, device)) for n in sizes if n <= 16 * 2**20]
     return results, notes
 
 
