@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -29,8 +30,11 @@ def _step(cell) -> dict:
 def recorded(monkeypatch):
     """Every profile bench takes and every cell it runs, in order; no process starts."""
     events = []
-    monkeypatch.setattr(profiles, "load_or_profile", lambda model, dataset, sizes, threads, *a, refresh, **k:
-                        events.append(("model", model, tuple(sizes), threads, refresh)))
+    def load_or_profile(model, dataset, sizes, threads, *a, refresh, **k):
+        events.append(("model", model, tuple(sizes), threads, refresh))
+        return SimpleNamespace(pace_s=[]), Path("not-kept.json"), False  # no pace windows: none timed later
+
+    monkeypatch.setattr(profiles, "load_or_profile", load_or_profile)
     monkeypatch.setattr(profiles, "hardware_for", lambda workers, directory, refresh:
                         events.append(("hardware", workers, refresh)))
 
@@ -80,3 +84,56 @@ def test_bench_profile_takes_nothing_when_every_cell_was_measured_before(tmp_pat
         assert [e[0] for e in recorded] == ["cell"]
         run_suite(suite, store, show_progress=False, profile=True)  # measured already: nothing runs, nothing profiled
     assert [e[0] for e in recorded] == ["cell"]
+
+
+def test_bench_profile_times_the_machines_pace_before_each_cell_and_validate_reads_the_profile_at_it(tmp_path, monkeypatch):
+    """A real profile of the mlp, then before each of its three cells three windows of its pace
+    step (``profile.pace``) added to the profile file, their seconds counted as the profile's.
+    Read back from the cache, every time figure stands at the median pace of all the windows:
+    with the later windows made twice the profile's own, a prediction's times are multiplied by
+    median(own + later) / median(own); memory figures stay as measured."""
+    import statistics
+    import time
+
+    from partrain.predict.profiles import ModelProfile
+    from partrain.profile.cache import load_or_profile
+
+    def measure(cell, data_dir, timeout, tick=None):  # the cells themselves are not what is tested
+        cfg = runner.check_cell(cell, data_dir, timeout)
+        return Outcome("ok", figures=figures(cell, _step(cell)), config={**cfg.to_dict(), "resolved": {}})
+
+    monkeypatch.setattr(runner, "measure", measure)
+    suite = suite_from_dict({"models": ["mlp"], "strategies": ["serial", "ddp", "local-sgd"], "workers": [1],
+                             "batch_sizes": [16], "synthetic": True, "threads": 1}, "t")
+    with Store(tmp_path / "s.sqlite") as store:
+        run_suite(suite, store, show_progress=False, profile=True, profile_dir=str(tmp_path / "prof"))
+    [path] = (tmp_path / "prof").glob("*mlp*.json")
+    raw = ModelProfile.load(path)
+    assert len(raw.pace_s) >= 5 and len(raw.later_pace_s) == 3 * profiles.PACE_WINDOWS
+    assert all(0 < t < 0.1 for t in raw.pace_s + raw.later_pace_s)
+
+    class Steady:  # a pace step whose every window reads 1 ms and takes 10 ms
+        windows: list = []
+
+        def sample(self):
+            time.sleep(0.01)
+            self.windows.append(1e-3)
+
+    profiles.later_pace(Steady(), path, extra_s=5.0)  # 5 s of building the step, counted once
+    again = ModelProfile.load(path)
+    assert again.later_pace_s == raw.later_pace_s + [1e-3] * profiles.PACE_WINDOWS
+    assert again.profile_seconds >= raw.profile_seconds + 5.0 + 0.01 * profiles.PACE_WINDOWS
+    raw = again
+
+    own = statistics.median(raw.pace_s)
+    doctored = [2 * own] * len(raw.later_pace_s)
+    ModelProfile.from_dict({**raw.to_dict(), "later_pace_s": doctored}).save(path)
+    paced, _, reused = load_or_profile("mlp", "mnist", raw.batch_sizes, 1, str(tmp_path / "prof"), synthetic=True)
+    factor = statistics.median(raw.pace_s + doctored) / own
+    assert reused and factor > 1.2
+    assert paced.blocks[0].fwd_s == pytest.approx([t * factor for t in raw.blocks[0].fwd_s])
+    assert paced.blocks[2].bwd_cold_s == pytest.approx([t * factor for t in raw.blocks[2].bwd_cold_s])
+    assert paced.loop_s == pytest.approx([t * factor for t in raw.loop_s])
+    assert paced.world_of_one_s == pytest.approx({k: t * factor for k, t in raw.world_of_one_s.items()})
+    assert paced.optimizer_s == pytest.approx({k: t * factor for k, t in raw.optimizer_s.items()})
+    assert paced.train_peak_rss_bytes == raw.train_peak_rss_bytes and paced.profile_seconds == raw.profile_seconds

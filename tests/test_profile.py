@@ -60,6 +60,8 @@ def test_model_profile_measures_every_block(mlp):
     # the probe's timings were brought to the machine's pace over the whole profile (profile.pace):
     # a factor near 1 on a steady machine, the figures already multiplied by it
     assert 0.25 < mlp.probe_pace < 4
+    # the windows themselves, the profiler's and the probe's, kept for the pace after it (bench --profile)
+    assert len(mlp.pace_s) >= 5 and all(0 < t < 0.1 for t in mlp.pace_s) and mlp.later_pace_s == []
     assert 0 <= mlp.replica_wrapper_s < 0.1  # fully_shard's DTensor parameters and hooks cost a small model ~1 ms
     older = {k: v for k, v in mlp.to_dict().items() if k != "replica_wrapper_s"}
     with pytest.raises(TypeError):  # a profile from before the wrapper was measured: load() says so, then it is redone
@@ -448,6 +450,19 @@ def test_the_probes_timings_are_brought_to_the_pace_of_the_whole_profile():
     # a probe at the machine's usual pace is left as it was; without windows on either side, too
     assert probe_pace([1e-3, 1e-3, 1e-3], [1e-3, 1e-3]) == 1.0
     assert probe_pace([], probe) == probe_pace(profiler, []) == 1.0
+
+
+def test_a_profile_is_read_at_the_pace_after_it_only_where_both_sides_took_windows(mlp):
+    """``at_later_pace``: a profile no bench sampled after it, and a GPU profile (no windows of its
+    own), are read as measured; with later windows at the same median, too."""
+    import dataclasses
+
+    from partrain.profile.pace import at_later_pace
+
+    assert at_later_pace(mlp) is mlp
+    assert at_later_pace(dataclasses.replace(mlp, pace_s=[], later_pace_s=[1e-3])).loop_s == mlp.loop_s
+    steady = dataclasses.replace(mlp, later_pace_s=[statistics.median(mlp.pace_s)] * 3)
+    assert at_later_pace(steady).blocks[1].fwd_s == pytest.approx(mlp.blocks[1].fwd_s)
 
 
 def test_paired_ratios_see_through_a_spell_and_time_the_reference_warm(monkeypatch):

@@ -13,22 +13,37 @@ with the same ``--profile-dir`` finds them in the cache and measures nothing.
 Each ``bench --profile`` takes them again: a store filled by several suites keeps the hardware
 profile of the last one. A profile taken while other processes held the CPU is not kept
 (``profile.cache``), and ``validate`` then takes its own.
+
+A profile is seconds of the machine; its cells span an hour, and this VM runs in spells of
+minutes. So before each cell a CPU model profile predicts, the benchmark times ``PACE_WINDOWS``
+windows of the profile's own pace step (``profile.pace``: the bare serial step at its smallest
+batch, in this process, with nothing else running) and adds them to the profile
+(``ModelProfile.later_pace_s``): ``validate`` reads the profile's times at the median pace of
+all, and counts the seconds with the profile's.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 from partrain.bench.suite import Cell
 from partrain.config import RunConfig
 from partrain.errors import PartrainError
 from partrain.predict.plan import profile_batch_sizes
+from partrain.predict.profiles import ModelProfile
 from partrain.profile.cache import RunOptions, hardware_for, load_or_profile
 from partrain.validate import batch_sizes_by_profile, measured_rows, profile_key, row_config
 
+# windows of the pace step before each cell (about 30 ms each, or one step: 0.1 s before a
+# small model's cell of 5-20 s, 0.6 s before resnet18's of a minute or more)
+PACE_WINDOWS = 3
+
 
 class ProfilesBeside:
-    """Call ``before(cell)`` before each cell runs; it profiles what is due first."""
+    """Call ``before(cell)`` before each cell runs: it profiles what is due first, then times the
+    machine's pace for the cell's model profile."""
 
     def __init__(self, runnable: list[tuple[Cell, RunConfig]], earlier: list[dict], hardware_hash: str,
                  directory: str | None, data_dir: str | None, say: Callable[[str], None] = print):
@@ -39,19 +54,24 @@ class ProfilesBeside:
         self.config = dict(runnable)
         self.directory, self.data_dir, self.say = directory, data_dir, say
         self.done: set = set()
+        self.paces: dict = {}  # profile key -> (its pace step, where the profile is), CPU profiles kept
 
     def before(self, cell: Cell) -> None:
         cfg = self.config.get(cell)
         if cfg is None:  # refused: it stores its reason and predicts nothing
             return
-        key = profile_key(cfg)
+        key, setup_s = profile_key(cfg), 0.0
         if key not in self.done:
             self.done.add(key)
             sizes = profile_batch_sizes(self.wanted[key])
             self.say(f"profiling {cfg.model} on {cfg.dataset} at batch {', '.join(map(str, sizes))} for validate")
-            load_or_profile(cfg.model, cfg.dataset, sizes, cfg.threads, self.directory, self.data_dir, cfg.synthetic,
-                            cfg.model_options, refresh=True,
-                            run=RunOptions(None, cfg.precision, cfg.channels_last, cfg.compile))
+            profile, path, _ = load_or_profile(cfg.model, cfg.dataset, sizes, cfg.threads, self.directory, self.data_dir,
+                                               cfg.synthetic, cfg.model_options, refresh=True,
+                                               run=RunOptions(None, cfg.precision, cfg.channels_last, cfg.compile))
+            if profile.pace_s and path.is_file() and ModelProfile.load(path).pace_s == profile.pace_s:  # kept: quiet
+                start = time.perf_counter()
+                self.paces[key] = (pace_step(cfg, profile, self.data_dir), path)
+                setup_s = time.perf_counter() - start
         if not cell.nodes and cfg.workers > 1 and ("hardware", cfg.workers) not in self.done:
             self.done.add(("hardware", cfg.workers))
             self.say(f"profiling this machine's collectives with {cfg.workers} workers for validate")
@@ -59,3 +79,44 @@ class ProfilesBeside:
                 hardware_for(cfg.workers, self.directory, refresh=True)
             except PartrainError as err:  # more GPU workers than GPUs: validate says the same
                 self.say(f"not profiled: {err}")
+        if key in self.paces:
+            later_pace(*self.paces[key], extra_s=setup_s)
+
+
+def pace_step(cfg: RunConfig, profile: ModelProfile, data_dir: str | None):
+    """The pace step ``profile`` sampled (``profile.pace``), on a model built as it built it."""
+    import torch
+
+    from partrain.data import load_dataset
+    from partrain.models import build_model
+    from partrain.profile.numerics import place
+    from partrain.profile.pace import Pace
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(profile.threads)
+    try:
+        train_set = load_dataset(cfg.dataset, "train", data_dir=data_dir, synthetic=cfg.synthetic, seed=0)
+        torch.manual_seed(0)
+        net = build_model(cfg.model, train_set.spec.input_shape, train_set.spec.num_classes, **cfg.model_options)
+        run = dict(device="cpu", precision=cfg.precision, channels_last=cfg.channels_last)
+        return Pace.of(place(net, torch.device("cpu"), cfg.channels_last), train_set, min(profile.batch_sizes), run)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def later_pace(pace, path: Path, windows: int = PACE_WINDOWS, extra_s: float = 0.0) -> None:
+    """``windows`` more windows of ``pace`` (a ``Pace``) added to the profile at ``path``, with
+    their seconds and ``extra_s`` (building the step) counted as the profile's."""
+    import torch
+
+    profile, saved, start = ModelProfile.load(path), torch.get_num_threads(), time.perf_counter()
+    torch.set_num_threads(profile.threads)
+    try:
+        pace.windows.clear()
+        for _ in range(windows):
+            pace.sample()
+    finally:
+        torch.set_num_threads(saved)
+    profile.later_pace_s.extend(pace.windows)
+    profile.profile_seconds += time.perf_counter() - start + extra_s
+    profile.save(path)

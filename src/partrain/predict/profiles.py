@@ -306,6 +306,12 @@ class ModelProfile(JsonProfile):
     # what the memory probe's time figures (the loop's, world_of_one_s, replica_wrapper_s) were
     # multiplied by, to the machine's pace over the whole profile (profile.pace.probe_pace); 1 on a GPU
     probe_pace: float = 1.0
+    # the machine's pace (profile.pace): windows of the bare serial step at the smallest batch size
+    # the profile took (its time figures stand at their median), and those ``bench --profile`` took
+    # beside the cells after it; predictions read every time figure at the median of both
+    # (``pace.at_later_pace``). Empty on a GPU and in profiles from before they were kept
+    pace_s: list[float] = field(default_factory=list)
+    later_pace_s: list[float] = field(default_factory=list)
 
     # k workers side by side -> this model's forward + backward time over its time alone, measured
     # by profile.sharing at sharing_batch rows with the profile's threads (empty: not measured;

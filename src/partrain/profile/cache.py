@@ -188,8 +188,10 @@ def load_or_profile(model: str, dataset: str, batch_sizes: list[int], threads: i
             profile = ModelProfile.load(path)
             if profile.stale:
                 print(f"partrain: {path} {EARLIER_METHOD}", file=sys.stderr)
-            elif run.matches(profile):
-                return profile, path, True
+            elif run.matches(profile):  # at the machine's pace since, where bench sampled it (profile.pace)
+                from partrain.profile.pace import at_later_pace
+
+                return at_later_pace(profile), path, True
             else:
                 print(f"partrain: {path} was taken on {profile.device} at {profile.precision}, not as asked: "
                       "measuring it again", file=sys.stderr)

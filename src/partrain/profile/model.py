@@ -52,7 +52,7 @@ from partrain.profile.numerics import (
     place_input,
     resolve_device,
 )
-from partrain.profile.pace import Pace, at_pace, bare_step, probe_pace, still_sgd
+from partrain.profile.pace import Pace, at_pace, probe_pace
 from partrain.profile.probe import measure_memory, world_of_one_steps
 from partrain.profile.sharing import profile_sharing, start_corunners
 from partrain.profile.timing import (
@@ -242,9 +242,8 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         net = place(build_model(model, spec.input_shape, spec.num_classes, **options), dev, channels_last)
         blocks = model_blocks(net)
         # the machine's pace, sampled at each phase below (profile.pace); the windows leave no gradient behind
-        pace = Pace(bare_step(net, still_sgd(net), train_set, batch_sizes[0], dict(device=dev.type, precision=precision,
-                                                                                    channels_last=channels_last)),
-                    after=lambda: net.zero_grad(set_to_none=True)) if dev.type == "cpu" else None
+        pace = Pace.of(net, train_set, batch_sizes[0], dict(device=dev.type, precision=precision,
+                                                           channels_last=channels_last)) if dev.type == "cpu" else None
         plain = len(blocks) == 1  # one block: the pipelines run the tracer's pieces (strategies.traced)
         per_batch = []
         for i, b in enumerate(batch_sizes):
@@ -297,9 +296,9 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         if corunners is not None:
             corunners.close()
     # the probe's timings, taken in a second or two of their own, at the machine's pace over the whole profile
-    probe_factor = 1.0
+    probe_factor, windows = 1.0, []
     if pace is not None:
-        probe_factor = probe_pace(pace.windows, memory.get("pace", []))
+        probe_factor, windows = probe_pace(pace.windows, memory.get("pace", [])), pace.windows + memory.get("pace", [])
         memory = at_pace(memory, probe_factor)
     whole = {key: [w[key] for _, w in per_batch] for key in per_batch[0][1]}
     loop = memory.get("loop") or _cpu_loop(memory)
@@ -314,6 +313,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         world_of_one_batch=min(batch_sizes), device=device_name(dev), precision=precision,
         channels_last=channels_last, compile=compile, train_peak_reserved_bytes=memory.get("train_peaks_reserved", []),
         loop_s=loop, probe_pace=probe_factor, compute_sharing=sharing, sharing_batch=sharing_batch, scalar_parameter=scalar,
+        pace_s=windows,
     )
 
 

@@ -25,10 +25,12 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 import torch.nn as nn
 
+from partrain.predict.profiles import ModelProfile
 from partrain.profile.numerics import autocast, place_input
 from partrain.strategies.base import loss_fn
 
@@ -102,6 +104,11 @@ class Pace:
         self.step, self.after, self.windows = step, after, []
         step()  # warm: the momentum buffers and the allocator's pages exist before any window
 
+    @classmethod
+    def of(cls, net: nn.Module, train_set, batch: int, run: dict) -> Pace:
+        """The pace of ``net``'s bare step (``bare_step``) at ``batch``; the windows leave no gradient behind."""
+        return cls(bare_step(net, still_sgd(net), train_set, batch, run), after=lambda: net.zero_grad(set_to_none=True))
+
     def sample(self) -> None:
         self.windows.append(window(self.step))
         if self.after is not None:
@@ -123,3 +130,29 @@ def at_pace(memory: dict, factor: float) -> dict:
     return {**memory, "bare_loop": [t * factor for t in memory.get("bare_loop", [])],
             "world_of_one": {k: t * factor for k, t in memory.get("world_of_one", {}).items()},
             "replica_wrapper": memory.get("replica_wrapper", 0.0) * factor}
+
+
+def at_later_pace(profile: ModelProfile) -> ModelProfile:
+    """``profile`` with every time figure at the machine's pace over the profile and the windows
+    taken after it (``ModelProfile.later_pace_s``): multiplied by the median of all its windows
+    over the median of its own. A profile is a few seconds of the machine, and this 2-vCPU VM
+    runs in spells of minutes too: in issue 18's run73n the mlp's 300-step serial loop read 1.53
+    ms before the pass and 2.15 after, and its profile, taken in a fast one, read its 2-node cells
+    21% under; ``bench --profile`` samples the same step before each cell the profile predicts,
+    so the cells are predicted at the pace of the hour they ran in, not of their profile's
+    seconds. The profile itself as it is where either side took no window."""
+    if not profile.pace_s or not profile.later_pace_s:
+        return profile
+    factor = statistics.median(profile.pace_s + profile.later_pace_s) / statistics.median(profile.pace_s)
+
+    def times(values: list[float]) -> list[float]:
+        return [t * factor for t in values]
+
+    def each(by_kind: dict) -> dict:
+        return {k: t * factor for k, t in by_kind.items()}
+
+    blocks = [replace(b, fwd_s=times(b.fwd_s), bwd_s=times(b.bwd_s), fwd_cold_s=times(b.fwd_cold_s),
+                      bwd_cold_s=times(b.bwd_cold_s), optimizer_s=each(b.optimizer_s)) for b in profile.blocks]
+    return replace(profile, blocks=blocks, loss_s=times(profile.loss_s), data_s=times(profile.data_s),
+                   optimizer_s=each(profile.optimizer_s), replica_wrapper_s=profile.replica_wrapper_s * factor,
+                   world_of_one_s=each(profile.world_of_one_s), loop_s=times(profile.loop_s))

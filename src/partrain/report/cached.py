@@ -24,12 +24,13 @@ def model_profile(model: str, dataset: str, needed: list[float], threads: int, s
     from partrain.predict.profiles import ModelProfile
     from partrain.profile.cache import profile_dir as directory
     from partrain.profile.cache import profile_path
+    from partrain.profile.pace import at_later_pace
 
     path = profile_path(directory(profile_dir), model, dataset, profile_batch_sizes(needed), threads, synthetic, options)
     if not path.is_file():
         raise Missing(f"no cached profile of {model}/{dataset} at {threads} thread(s)")
     try:
-        return ModelProfile.load(path)
+        return at_later_pace(ModelProfile.load(path))  # as validate reads it
     except PartrainError as err:
         raise Missing(str(err)) from None
 
