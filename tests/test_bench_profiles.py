@@ -11,6 +11,7 @@ from partrain.bench import Store, profiles, run_suite, runner
 from partrain.bench.runner import figures
 from partrain.bench.store import Outcome
 from partrain.bench.suite import suite_from_dict
+from partrain.cli import main
 from partrain.errors import PartrainError
 from partrain.predict.cluster import load_cluster
 from partrain.predict.machine import fingerprint
@@ -86,7 +87,8 @@ def test_bench_profile_takes_nothing_when_every_cell_was_measured_before(tmp_pat
     assert [e[0] for e in recorded] == ["cell"]
 
 
-def test_bench_profile_times_the_machines_pace_before_each_cell_and_validate_reads_the_profile_at_it(tmp_path, monkeypatch):
+def test_bench_profile_times_the_machines_pace_before_each_cell_and_validate_reads_the_profile_at_it(tmp_path, monkeypatch,
+                                                                                                   capsys):
     """A real profile of the mlp, then before each of its three cells three windows of its pace
     step (``profile.pace``) added to the profile file, their seconds counted as the profile's.
     Read back from the cache, every time figure stands at the median pace of all the windows:
@@ -119,7 +121,7 @@ def test_bench_profile_times_the_machines_pace_before_each_cell_and_validate_rea
             time.sleep(0.01)
             self.windows.append(1e-3)
 
-    profiles.later_pace(Steady(), path, extra_s=5.0)  # 5 s of building the step, counted once
+    profiles.sample_pace(Steady(), path, extra_s=5.0)  # 5 s of building the step, counted once
     again = ModelProfile.load(path)
     assert again.later_pace_s == raw.later_pace_s + [1e-3] * profiles.PACE_WINDOWS
     assert again.profile_seconds >= raw.profile_seconds + 5.0 + 0.01 * profiles.PACE_WINDOWS
@@ -137,3 +139,6 @@ def test_bench_profile_times_the_machines_pace_before_each_cell_and_validate_rea
     assert paced.world_of_one_s == pytest.approx({k: t * factor for k, t in raw.world_of_one_s.items()})
     assert paced.optimizer_s == pytest.approx({k: t * factor for k, t in raw.optimizer_s.items()})
     assert paced.train_peak_rss_bytes == raw.train_peak_rss_bytes and paced.profile_seconds == raw.profile_seconds
+    # validate says so, per profile
+    assert main(["validate", "--store", str(tmp_path / "s.sqlite"), "--profile-dir", str(tmp_path / "prof")]) == 0
+    assert f"mlp: its profile read at x{factor:.3f}, the machine's pace over 12 windows" in capsys.readouterr().err

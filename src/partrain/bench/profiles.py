@@ -80,7 +80,7 @@ class ProfilesBeside:
             except PartrainError as err:  # more GPU workers than GPUs: validate says the same
                 self.say(f"not profiled: {err}")
         if key in self.paces:
-            later_pace(*self.paces[key], extra_s=setup_s)
+            sample_pace(*self.paces[key], extra_s=setup_s)
 
 
 def pace_step(cfg: RunConfig, profile: ModelProfile, data_dir: str | None):
@@ -104,7 +104,7 @@ def pace_step(cfg: RunConfig, profile: ModelProfile, data_dir: str | None):
         torch.set_num_threads(saved)
 
 
-def later_pace(pace, path: Path, windows: int = PACE_WINDOWS, extra_s: float = 0.0) -> None:
+def sample_pace(pace, path: Path, windows: int = PACE_WINDOWS, extra_s: float = 0.0) -> None:
     """``windows`` more windows of ``pace`` (a ``Pace``) added to the profile at ``path``, with
     their seconds and ``extra_s`` (building the step) counted as the profile's."""
     import torch

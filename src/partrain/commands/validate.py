@@ -54,6 +54,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         hardware_for,
         load_or_profile,
     )
+    from partrain.profile.pace import later_pace
     from partrain.report.plots import plot_scatter
     from partrain.report.tables import report_tables
     from partrain.validate import error_signs, speed_shift, twins, without_shift
@@ -65,6 +66,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                   args.profile_dir, args.data_dir, cfg.synthetic, cfg.model_options, run=run)[0]
         if warning := busy_warning(profile):
             print(warning, file=sys.stderr)
+        if profile.later_pace_s:  # read at the machine's pace over its cells (bench --profile)
+            print(f"{cfg.model}: its profile read at x{later_pace(profile):.3f}, the machine's pace over "
+                  f"{len(profile.later_pace_s)} windows timed beside its cells against its own", file=sys.stderr)
         return profile, profile.profile_seconds
 
     device = "cuda" if RunOptions(args.device).device_kind == "cuda" else "cpu"

@@ -132,6 +132,13 @@ def at_pace(memory: dict, factor: float) -> dict:
             "replica_wrapper": memory.get("replica_wrapper", 0.0) * factor}
 
 
+def later_pace(profile: ModelProfile) -> float:
+    """The median of all ``profile``'s pace windows over the median of its own; 1 where either side took none."""
+    if not profile.pace_s or not profile.later_pace_s:
+        return 1.0
+    return statistics.median(profile.pace_s + profile.later_pace_s) / statistics.median(profile.pace_s)
+
+
 def at_later_pace(profile: ModelProfile) -> ModelProfile:
     """``profile`` with every time figure at the machine's pace over the profile and the windows
     taken after it (``ModelProfile.later_pace_s``): multiplied by the median of all its windows
@@ -141,9 +148,8 @@ def at_later_pace(profile: ModelProfile) -> ModelProfile:
     21% under; ``bench --profile`` samples the same step before each cell the profile predicts,
     so the cells are predicted at the pace of the hour they ran in, not of their profile's
     seconds. The profile itself as it is where either side took no window."""
-    if not profile.pace_s or not profile.later_pace_s:
+    if (factor := later_pace(profile)) == 1.0:
         return profile
-    factor = statistics.median(profile.pace_s + profile.later_pace_s) / statistics.median(profile.pace_s)
 
     def times(values: list[float]) -> list[float]:
         return [t * factor for t in values]
