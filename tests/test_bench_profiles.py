@@ -89,8 +89,9 @@ def test_bench_profile_takes_nothing_when_every_cell_was_measured_before(tmp_pat
 
 def test_bench_profile_times_the_machines_pace_before_each_cell_and_validate_reads_the_profile_at_it(tmp_path, monkeypatch,
                                                                                                    capsys):
-    """A real profile of the mlp, then before each of its three cells three windows of its pace
-    step (``profile.pace``) added to the profile file, their seconds counted as the profile's.
+    """A real profile of the mlp, then before each of its three cells (the cadence set to every
+    cell) a window of its pace step (``profile.pace``) added to the profile file, its seconds
+    counted as the profile's.
     Read back from the cache, every time figure stands at the median pace of all the windows:
     with the later windows made twice the profile's own, a prediction's times are multiplied by
     median(own + later) / median(own); memory figures stay as measured."""
@@ -105,13 +106,14 @@ def test_bench_profile_times_the_machines_pace_before_each_cell_and_validate_rea
         return Outcome("ok", figures=figures(cell, _step(cell)), config={**cfg.to_dict(), "resolved": {}})
 
     monkeypatch.setattr(runner, "measure", measure)
+    monkeypatch.setattr(profiles, "PACE_EVERY_S", 0.0)
     suite = suite_from_dict({"models": ["mlp"], "strategies": ["serial", "ddp", "local-sgd"], "workers": [1],
                              "batch_sizes": [16], "synthetic": True, "threads": 1}, "t")
     with Store(tmp_path / "s.sqlite") as store:
         run_suite(suite, store, show_progress=False, profile=True, profile_dir=str(tmp_path / "prof"))
     [path] = (tmp_path / "prof").glob("*mlp*.json")
     raw = ModelProfile.load(path)
-    assert len(raw.pace_s) >= 5 and len(raw.later_pace_s) == 3 * profiles.PACE_WINDOWS
+    assert len(raw.pace_s) >= 5 and len(raw.later_pace_s) == 3
     assert all(0 < t < 0.1 for t in raw.pace_s + raw.later_pace_s)
 
     class Steady:  # a pace step whose every window reads 1 ms and takes 10 ms
@@ -121,14 +123,14 @@ def test_bench_profile_times_the_machines_pace_before_each_cell_and_validate_rea
             time.sleep(0.01)
             self.windows.append(1e-3)
 
-    profiles.sample_pace(Steady(), path, extra_s=5.0)  # 5 s of building the step, counted once
+    profiles.sample_pace(Steady(), path, windows=2, extra_s=5.0)  # 5 s of building the step, counted once
     again = ModelProfile.load(path)
-    assert again.later_pace_s == raw.later_pace_s + [1e-3] * profiles.PACE_WINDOWS
-    assert again.profile_seconds >= raw.profile_seconds + 5.0 + 0.01 * profiles.PACE_WINDOWS
+    assert again.later_pace_s == raw.later_pace_s + [1e-3] * 2
+    assert again.profile_seconds >= raw.profile_seconds + 5.0 + 0.01 * 2
     raw = again
 
     own = statistics.median(raw.pace_s)
-    doctored = [2 * own] * len(raw.later_pace_s)
+    doctored = [2 * own] * (2 * len(raw.pace_s))  # more later windows than its own: the median moves
     ModelProfile.from_dict({**raw.to_dict(), "later_pace_s": doctored}).save(path)
     paced, _, reused = load_or_profile("mlp", "mnist", raw.batch_sizes, 1, str(tmp_path / "prof"), synthetic=True)
     factor = statistics.median(raw.pace_s + doctored) / own
@@ -141,4 +143,29 @@ def test_bench_profile_times_the_machines_pace_before_each_cell_and_validate_rea
     assert paced.train_peak_rss_bytes == raw.train_peak_rss_bytes and paced.profile_seconds == raw.profile_seconds
     # validate says so, per profile
     assert main(["validate", "--store", str(tmp_path / "s.sqlite"), "--profile-dir", str(tmp_path / "prof")]) == 0
-    assert f"mlp: its profile read at x{factor:.3f}, the machine's pace over 12 windows" in capsys.readouterr().err
+    assert f"mlp: its profile read at x{factor:.3f}, the machine's pace over {len(doctored)} windows" in capsys.readouterr().err
+
+
+def test_bench_profile_times_a_pace_window_at_most_every_pace_every_s(tmp_path, monkeypatch):
+    """Cells 20 s apart on the bench's clock: a window before the first, then before the first
+    cell at least ``PACE_EVERY_S`` (30 s) after the last window; building the step counted once."""
+    clock, sampled, kept = {"t": 0.0}, [], tmp_path / "kept.json"
+    kept.write_text("{}")
+    monkeypatch.setattr(profiles, "time", SimpleNamespace(perf_counter=lambda: clock["t"]))
+    monkeypatch.setattr(profiles, "load_or_profile", lambda *a, **k: (SimpleNamespace(pace_s=[1e-3]), kept, False))
+    monkeypatch.setattr(profiles, "ModelProfile", SimpleNamespace(load=lambda path: SimpleNamespace(pace_s=[1e-3])))
+    monkeypatch.setattr(profiles, "pace_step", lambda cfg, profile, data_dir: "step")
+    monkeypatch.setattr(profiles, "sample_pace", lambda step, path, extra_s: sampled.append((clock["t"], step, extra_s)))
+
+    def measure(cell, data_dir, timeout, tick=None):
+        cfg = runner.check_cell(cell, data_dir, timeout)
+        clock["t"] += 20.0
+        return Outcome("ok", figures=figures(cell, _step(cell)), config={**cfg.to_dict(), "resolved": {}})
+
+    monkeypatch.setattr(runner, "measure", measure)
+    suite = suite_from_dict({"models": ["mlp"], "strategies": ["serial", "ddp", "local-sgd"], "workers": [1],
+                             "batch_sizes": [16, 32], "synthetic": True, "threads": 1}, "t")
+    with Store(tmp_path / "s.sqlite") as store:
+        run_suite(suite, store, show_progress=False, profile=True, profile_dir=str(tmp_path / "prof"))
+    assert clock["t"] == 6 * 20.0  # six cells ran, 20 s each
+    assert sampled == [(0.0, "step", 0.0), (40.0, "step", 0.0), (80.0, "step", 0.0)]

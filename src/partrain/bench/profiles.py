@@ -15,15 +15,16 @@ profile of the last one. A profile taken while other processes held the CPU is n
 (``profile.cache``), and ``validate`` then takes its own.
 
 A profile is seconds of the machine; its cells span an hour, and this VM runs in spells of
-minutes. So before each cell a CPU model profile predicts, the benchmark times ``PACE_WINDOWS``
-windows of the profile's own pace step (``profile.pace``: the bare serial step at its smallest
-batch, in this process, with nothing else running) and adds them to the profile
-(``ModelProfile.later_pace_s``): ``validate`` reads the profile's times at the median pace of
-all, and counts the seconds with the profile's.
+minutes. So before a cell a CPU model profile predicts, once at least ``PACE_EVERY_S`` have
+passed since the last, the benchmark times a window of the profile's own pace step
+(``profile.pace``: the bare serial step at its smallest batch, in this process, with nothing
+else running) and adds it to the profile (``ModelProfile.later_pace_s``): ``validate`` reads
+the profile's times at the median pace of all, and counts the seconds with the profile's.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,9 +37,11 @@ from partrain.predict.profiles import ModelProfile
 from partrain.profile.cache import RunOptions, hardware_for, load_or_profile
 from partrain.validate import batch_sizes_by_profile, measured_rows, profile_key, row_config
 
-# windows of the pace step before each cell (about 30 ms each, or one step: 0.1 s before a
-# small model's cell of 5-20 s, 0.6 s before resnet18's of a minute or more)
-PACE_WINDOWS = 3
+# a window of the pace step (about 30 ms, or one step of resnet18's 0.19 s) before a cell, at
+# most one every PACE_EVERY_S: the spells it follows last minutes. Three windows before every
+# cell (issue 17's run74u: 252 a model, 7.6 s) took the profile cost from 4.3% to 7.4% of the
+# cells' time; one every 30 s is about 0.1% of the benchmark's.
+PACE_EVERY_S = 30.0
 
 
 class ProfilesBeside:
@@ -55,6 +58,7 @@ class ProfilesBeside:
         self.directory, self.data_dir, self.say = directory, data_dir, say
         self.done: set = set()
         self.paces: dict = {}  # profile key -> (its pace step, where the profile is), CPU profiles kept
+        self.sampled: dict = {}  # profile key -> when its last pace window was timed (perf_counter)
 
     def before(self, cell: Cell) -> None:
         cfg = self.config.get(cell)
@@ -79,7 +83,9 @@ class ProfilesBeside:
                 hardware_for(cfg.workers, self.directory, refresh=True)
             except PartrainError as err:  # more GPU workers than GPUs: validate says the same
                 self.say(f"not profiled: {err}")
-        if key in self.paces:
+        now = time.perf_counter()
+        if key in self.paces and now - self.sampled.get(key, -math.inf) >= PACE_EVERY_S:
+            self.sampled[key] = now
             sample_pace(*self.paces[key], extra_s=setup_s)
 
 
@@ -104,7 +110,7 @@ def pace_step(cfg: RunConfig, profile: ModelProfile, data_dir: str | None):
         torch.set_num_threads(saved)
 
 
-def sample_pace(pace, path: Path, windows: int = PACE_WINDOWS, extra_s: float = 0.0) -> None:
+def sample_pace(pace, path: Path, windows: int = 1, extra_s: float = 0.0) -> None:
     """``windows`` more windows of ``pace`` (a ``Pace``) added to the profile at ``path``, with
     their seconds and ``extra_s`` (building the step) counted as the profile's."""
     import torch

@@ -145,7 +145,7 @@ def at_later_pace(profile: ModelProfile) -> ModelProfile:
     over the median of its own. A profile is a few seconds of the machine, and this 2-vCPU VM
     runs in spells of minutes too: in issue 18's run73n the mlp's 300-step serial loop read 1.53
     ms before the pass and 2.15 after, and its profile, taken in a fast one, read its 2-node cells
-    21% under; ``bench --profile`` samples the same step before each cell the profile predicts,
+    21% under; ``bench --profile`` samples the same step beside the cells the profile predicts,
     so the cells are predicted at the pace of the hour they ran in, not of their profile's
     seconds. The profile itself as it is where either side took no window."""
     if (factor := later_pace(profile)) == 1.0:
