@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 from partrain.bench.suite import Cell
@@ -40,7 +41,9 @@ from partrain.validate import batch_sizes_by_profile, measured_rows, profile_key
 # a window of the pace step (about 30 ms, or one step of resnet18's 0.19 s) before a cell, at
 # most one every PACE_EVERY_S: the spells it follows last minutes. Three windows before every
 # cell (issue 17's run74u: 252 a model, 7.6 s) took the profile cost from 4.3% to 7.4% of the
-# cells' time; one every 30 s is about 0.1% of the benchmark's.
+# cells' time; one every 30 s took 4.7% in run75u. Each window follows one untimed step: the
+# first window after a cell read 1-4% slower than the next in run74u (gpt 4.4%), and one window
+# a cell alone put every profile's factor 1-3% over in run75u.
 PACE_EVERY_S = 30.0
 
 
@@ -98,14 +101,23 @@ def pace_step(cfg: RunConfig, profile: ModelProfile, data_dir: str | None):
     from partrain.profile.numerics import place
     from partrain.profile.pace import Pace
 
-    saved = torch.get_num_threads()
-    torch.set_num_threads(profile.threads)
-    try:
+    with torch_threads(profile.threads):
         train_set = load_dataset(cfg.dataset, "train", data_dir=data_dir, synthetic=cfg.synthetic, seed=0)
         torch.manual_seed(0)
         net = build_model(cfg.model, train_set.spec.input_shape, train_set.spec.num_classes, **cfg.model_options)
         run = dict(device="cpu", precision=cfg.precision, channels_last=cfg.channels_last)
         return Pace.of(place(net, torch.device("cpu"), cfg.channels_last), train_set, min(profile.batch_sizes), run)
+
+
+@contextmanager
+def torch_threads(threads: int):
+    """torch's intra-op threads set to ``threads`` inside, as they were after."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
     finally:
         torch.set_num_threads(saved)
 
@@ -113,16 +125,11 @@ def pace_step(cfg: RunConfig, profile: ModelProfile, data_dir: str | None):
 def sample_pace(pace, path: Path, windows: int = 1, extra_s: float = 0.0) -> None:
     """``windows`` more windows of ``pace`` (a ``Pace``) added to the profile at ``path``, with
     their seconds and ``extra_s`` (building the step) counted as the profile's."""
-    import torch
-
-    profile, saved, start = ModelProfile.load(path), torch.get_num_threads(), time.perf_counter()
-    torch.set_num_threads(profile.threads)
-    try:
+    profile, start = ModelProfile.load(path), time.perf_counter()
+    with torch_threads(profile.threads):
         pace.windows.clear()
-        for _ in range(windows):
-            pace.sample()
-    finally:
-        torch.set_num_threads(saved)
+        for i in range(windows):
+            pace.sample(warm=i == 0)
     profile.later_pace_s.extend(pace.windows)
     profile.profile_seconds += time.perf_counter() - start + extra_s
     profile.save(path)

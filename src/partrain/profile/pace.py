@@ -109,7 +109,11 @@ class Pace:
         """The pace of ``net``'s bare step (``bare_step``) at ``batch``; the windows leave no gradient behind."""
         return cls(bare_step(net, still_sgd(net), train_set, batch, run), after=lambda: net.zero_grad(set_to_none=True))
 
-    def sample(self) -> None:
+    def sample(self, warm: bool = False) -> None:
+        """A window of the step; ``warm``: after one untimed step, for a window right after other
+        processes ran (a benchmark's cell), whose first steps run on caches they wrote over."""
+        if warm:
+            self.step()
         self.windows.append(window(self.step))
         if self.after is not None:
             self.after()
