@@ -158,7 +158,11 @@ def test_bench_profile_times_a_pace_window_at_most_every_pace_every_s(tmp_path, 
     monkeypatch.setattr(profiles, "time", SimpleNamespace(perf_counter=lambda: clock["t"]))
     monkeypatch.setattr(profiles, "load_or_profile", lambda *a, **k: (SimpleNamespace(pace_s=[1e-3]), kept, False))
     monkeypatch.setattr(profiles, "ModelProfile", SimpleNamespace(load=lambda path: SimpleNamespace(pace_s=[1e-3])))
-    monkeypatch.setattr(profiles, "pace_step", lambda cfg, profile, data_dir: "step")
+    def pace_step(cfg, profile, data_dir):  # building the step takes 5 s
+        clock["t"] += 5.0
+        return "step"
+
+    monkeypatch.setattr(profiles, "pace_step", pace_step)
     monkeypatch.setattr(profiles, "sample_pace", lambda step, path, extra_s: sampled.append((clock["t"], step, extra_s)))
 
     def measure(cell, data_dir, timeout, tick=None):
@@ -171,5 +175,5 @@ def test_bench_profile_times_a_pace_window_at_most_every_pace_every_s(tmp_path, 
                              "batch_sizes": [16, 32], "synthetic": True, "threads": 1}, "t")
     with Store(tmp_path / "s.sqlite") as store:
         run_suite(suite, store, show_progress=False, profile=True, profile_dir=str(tmp_path / "prof"))
-    assert clock["t"] == 6 * 20.0  # six cells ran, 20 s each
-    assert sampled == [(0.0, "step", 0.0), (40.0, "step", 0.0), (80.0, "step", 0.0)]
+    assert clock["t"] == 5.0 + 6 * 20.0  # the step built, then six cells ran, 20 s each
+    assert sampled == [(5.0, "step", 5.0), (45.0, "step", 0.0), (85.0, "step", 0.0)]
