@@ -756,12 +756,40 @@ def test_fsdp_on_cpu_waits_for_every_units_collectives(mlp_profile, cluster):
     assert on_gpu.comm_s < on_cpu.comm_s
 
 
-def test_pipeline_micro_batches_pay_gradient_accumulation_and_scaling(mlp_profile, cluster):
+def test_a_stage_of_several_blocks_costs_their_chain_not_their_sum(mlp_profile):
+    """A stage runs its blocks as one chain with one backward call; each block timed alone paid
+    its own. ``chain_s`` (every block as one chain) sets what a join saves: the whole model as
+    one stage is the chain itself, value by value at the profiled sizes, a stage of k blocks
+    saves k - 1 joins, and a profile without it sums the blocks."""
+    blocks = [dataclasses.replace(b, fwd_s=[f, 2 * f], bwd_s=[2 * f, 4 * f], fwd_cold_s=[], bwd_cold_s=[])
+              for b, f in zip(mlp_profile.blocks, (1e-4, 2e-4, 3e-4))]
+    summed = dataclasses.replace(mlp_profile, blocks=blocks, loss_s=[0.0, 0.0], chain_s=[])
+    # forward: 6e-4 summed, 5e-4 as a chain (5e-5 a join); backward 1.2e-3 and 0.8e-3 (2e-4 a join)
+    chained = dataclasses.replace(summed, chain_s=[[5e-4, 8e-4], [1.1e-3, 2e-3]])
+    whole = [(0, 3)]
+    assert compute.stage_times(chained, whole, 4) == ([pytest.approx(5e-4)], [pytest.approx(8e-4)])
+    assert compute.stage_times(chained, whole, 16) == ([pytest.approx(1.1e-3)], [pytest.approx(2e-3)])
+    fwd, bwd = compute.stage_times(chained, [(0, 2), (2, 3)], 4)
+    assert fwd == pytest.approx([3e-4 - 5e-5, 3e-4]) and bwd == pytest.approx([6e-4 - 2e-4, 6e-4])
+    assert compute.stage_times(chained, whole, 10)[1] == pytest.approx([(8e-4 + 2e-3) / 2])  # interpolated
+    assert compute.stage_times(summed, whole, 4) == ([pytest.approx(6e-4)], [pytest.approx(1.2e-3)])
+    # a join never takes a stage below its dearest block (a chain timed in a slow spell)
+    assert compute.stage_times(dataclasses.replace(summed, chain_s=[[1e-5, 1e-5], [1e-5, 1e-5]]), whole, 4)[1] \
+        == [pytest.approx(6e-4)]
+    # a serial step counts the blocks as the chain too: its parts are what the loop runs
+    assert compute.parts_step(chained, 4, "sgd") - compute.parts_step(summed, 4, "sgd") == pytest.approx(-5e-4)
+
+
+@pytest.mark.parametrize("measured", [True, False])
+def test_pipeline_micro_batches_pay_gradient_accumulation_and_scaling(mlp_profile, cluster, measured):
     """Micro-batches after the first add their gradients into .grad, and the schedule divides
-    them by M once a step: passes over the gradients costed as the measured plain SGD step."""
+    them by M once a step: passes over the gradients costed as the profile's measured
+    accumulation (``accumulate_s``), or, in a profile without it, as the plain SGD step."""
     hw = dataclasses.replace(cluster, compute_speed=1.0, compute_sharing={}, sync_s={})
-    base = dataclasses.replace(mlp_profile, world_of_one_s={})  # no loop overhead (one replica: no wrapper)
-    dearer = dataclasses.replace(base, optimizer_s={**base.optimizer_s, "sgd": base.optimizer_s["sgd"] + 0.001})
+    base = dataclasses.replace(mlp_profile, world_of_one_s={},  # no loop overhead (one replica: no wrapper)
+                               accumulate_s=0.0002 if measured else None)
+    dearer = (dataclasses.replace(base, accumulate_s=0.0012) if measured else
+              dataclasses.replace(base, optimizer_s={**base.optimizer_s, "sgd": base.optimizer_s["sgd"] + 0.001}))
 
     def extra(microbatches: int) -> float:  # one rank runs every action in turn: the step is their sum
         plan = Plan("hybrid", workers=1, batch_size=16, microbatches=microbatches, schedule="1f1b", threads=1)
@@ -812,13 +840,13 @@ def test_a_one_worker_pipeline_pays_the_runtime_measured_on_a_world_of_one(mlp_p
     """All stages on one worker: no hop, no other rank; what the pipelining runtime adds is the
     profile's hybrid loop on a world of one over its serial loop, less what the prediction
     counts apart: the gradient passes (accumulating the second micro-batch, scaling by 2) and
-    the blocks and loss run as two micro-batches of half the rows instead of one batch."""
+    the blocks (as one chain) and loss run as two micro-batches of half the rows instead of one batch."""
     hw = dataclasses.replace(cluster, compute_speed=1.0, compute_sharing={}, sync_s={})
     passes = compute.gradient_pass_time(mlp_profile, range(len(mlp_profile.blocks))) * (1 + 2 / 3)
 
     def blocks_and_loss(b: int) -> float:
-        fwd, bwd = compute.block_times(mlp_profile, b)
-        return sum(fwd) + sum(bwd) + compute.loss_time(mlp_profile, b)
+        fwd, bwd = compute.stage_times(mlp_profile, [(0, len(mlp_profile.blocks))], b)
+        return fwd[0] + bwd[0]
 
     split = 2 * blocks_and_loss(2) - blocks_and_loss(4)  # each call's fixed cost paid twice
     assert split > 0

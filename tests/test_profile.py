@@ -51,6 +51,10 @@ def test_model_profile_measures_every_block(mlp):
     # pipeline on more workers than cores starts them): one figure per batch size
     assert all(len(b.fwd_cold_s) == len(b.bwd_cold_s) == 2 and min(b.fwd_cold_s + b.bwd_cold_s) > 0 for b in mlp.blocks)
     assert fc2.saves_input and fc2.saved_bytes[1] > fc2.saved_bytes[0] > 0
+    # the blocks run as one stage runs them (one chain, one backward call), per batch size, and
+    # what summing into gradients already there adds to that backward
+    assert len(mlp.chain_s) == 2 and all(len(c) == 2 and min(c) > 0 for c in mlp.chain_s)
+    assert mlp.accumulate_s is not None and 0 <= mlp.accumulate_s < 0.01
     assert set(mlp.optimizer_s) == {"sgd", "sgd-momentum", "adam"}
     assert ModelProfile.from_dict({**mlp.to_dict(), "average_s": 1e-3}) == mlp  # earlier versions' keys are ignored
     # partrain's own loop on a world of one, per strategy, at the smallest batch size
@@ -177,6 +181,9 @@ def test_an_edited_cached_profile_is_measured_again(tmp_path, monkeypatch, mlp, 
     (lambda raw: raw.__setitem__("batch_sizes", [16, 4]), "are not increasing sizes"),
     (lambda raw: raw.__setitem__("loss_s", []), "loss_s holds 0 values for 2 batch sizes"),
     (lambda raw: raw["blocks"].__setitem__(1, 7), "blocks.1 is not an object"),
+    (lambda raw: raw["chain_s"].pop(), "chain_s holds 1 values for 2 batch sizes"),
+    (lambda raw: raw["chain_s"][0].pop(), "chain_s holds an entry that is not [forward, backward]"),
+    (lambda raw: raw.__setitem__("accumulate_s", "0.1"), "accumulate_s holds '0.1'"),
 ])
 def test_a_cached_profile_of_the_wrong_shape_is_measured_again(tmp_path, monkeypatch, mlp, capsys, edit, where):
     """A string where a time is, a list one short: the predictor's arithmetic raised TypeError
@@ -457,12 +464,17 @@ def test_a_profile_is_read_at_the_pace_after_it_only_where_both_sides_took_windo
     own), are read as measured; with later windows at the same median, too."""
     import dataclasses
 
-    from partrain.profile.pace import at_later_pace
+    from partrain.profile.pace import at_later_pace, later_pace
 
     assert at_later_pace(mlp) is mlp
     assert at_later_pace(dataclasses.replace(mlp, pace_s=[], later_pace_s=[1e-3])).loop_s == mlp.loop_s
     steady = dataclasses.replace(mlp, later_pace_s=[statistics.median(mlp.pace_s)] * 3)
     assert at_later_pace(steady).blocks[1].fwd_s == pytest.approx(mlp.blocks[1].fwd_s)
+    later = dataclasses.replace(mlp, later_pace_s=[2 * statistics.median(mlp.pace_s)] * 20)
+    factor, slower = later_pace(later), at_later_pace(later)
+    assert factor > 1.5 and slower.blocks[1].fwd_s == pytest.approx([factor * t for t in mlp.blocks[1].fwd_s])
+    assert [t for c in slower.chain_s for t in c] == pytest.approx([factor * t for c in mlp.chain_s for t in c])
+    assert slower.accumulate_s == pytest.approx(factor * mlp.accumulate_s)
 
 
 def test_paired_ratios_see_through_a_spell_and_time_the_reference_warm(monkeypatch):

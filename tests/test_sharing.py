@@ -17,7 +17,8 @@ from partrain.predict import Plan, predict_plan
 from partrain.predict.cluster import load_cluster
 from partrain.predict.profiles import BlockProfile, ModelProfile
 from partrain.profile import outputs
-from partrain.profile.model import _profile_blocks, profile_model
+from partrain.profile.blocks import profile_blocks
+from partrain.profile.model import profile_model
 from partrain.profile.numerics import autocast
 from partrain.profile.timing import Stopwatch
 from partrain.profile.sharing import (CONFIRMATIONS, PAUSE_S, SUSPECT, CoRunners, confirmed, measure_sharing,
@@ -235,7 +236,7 @@ class Head(nn.Module):
 def test_blocks_returning_tuples_are_timed_and_sized():
     ids = torch.randint(0, 50, (4, 6))
     cpu = torch.device("cpu")
-    rows = _profile_blocks([Pair(), UsePair(), Head()], ids, Stopwatch(cpu), lambda: autocast(cpu, "fp32"))
+    rows = profile_blocks([Pair(), UsePair(), Head()], ids, Stopwatch(cpu), lambda: autocast(cpu, "fp32"))
     assert [r["out_bytes"] for r in rows] == [4 * 6 * 8 * 4 + 4 * 6 * 8, 4 * 6 * 8 * 4 + 4 * 6 * 8, 4 * 6 * 50 * 4]
     assert all(r["fwd_s"] > 0 and r["bwd_s"] > 0 for r in rows)
     assert rows[1]["flops"] > 0  # the linear layer counted through a tuple input

@@ -58,8 +58,9 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
     dp, b = plan.dp, plan.batch_size / plan.dp
     slow = env.slowdown(env.local_workers)
     kind = compute.optimizer_kind(plan.optimizer, plan.momentum)
-    fwd, bwd = compute.block_times(profile, b)
-    fb = (sum(fwd) + sum(bwd) + compute.loss_time(profile, b) + compute.loop_time(profile, b)) * slow
+    bwd = compute.block_times(profile, b)[1]  # when each block's gradients are ready (``_ddp_comm``)
+    chain_f, chain_b = compute.stage_times(profile, [(0, len(profile.blocks))], b)  # the blocks as one chain, the loss
+    fb = (chain_f[0] + chain_b[0] + compute.loop_time(profile, b)) * slow
     data = compute.at(profile, profile.data_s, b) * slow
     opt = compute.optimizer_time(profile, kind) * slow
     ranks = list(range(plan.workers))

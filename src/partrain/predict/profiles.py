@@ -55,7 +55,8 @@ MEASUREMENT = 22
 # 6: on a CPU, the compute sharing factor is the median of each round's own ratio (``profile.sharing``).
 # 7: on a CPU, the bare loop at each larger batch size is a multiple of the smallest's step, paired
 #    step by step over the probe's rounds (``pace.paired_ratios``), not one run of its own.
-MODEL_MEASUREMENT = 7
+# 8: the blocks also as one chain, and its backward into gradients already there (``chain_s``).
+MODEL_MEASUREMENT = 8
 
 
 class PipelineRuntime(NamedTuple):
@@ -320,6 +321,11 @@ class ModelProfile(JsonProfile):
     sharing_batch: int = 0
     # the model's first 0-dimensional parameter, which fully_shard cannot shard ("": none, or not looked for)
     scalar_parameter: str = ""
+    # per batch size, [forward, backward] of every block run as a stage runs them (one after another,
+    # one backward call: ``compute.stage_times``); and at the smallest, what that backward adds when it
+    # sums into gradients already there (``compute.gradient_pass_time``). Empty / None: not measured
+    chain_s: list[list[float]] = field(default_factory=list)
+    accumulate_s: float | None = None
     method: int = MODEL_MEASUREMENT  # the MODEL_MEASUREMENT that took it (files without one: 1)
 
     @property
@@ -363,6 +369,8 @@ class ModelProfile(JsonProfile):
                 raise ValueError(f"{where} holds {len(values)} values for {len(d['batch_sizes'])} batch sizes")
         if not d["batch_sizes"] or d["batch_sizes"] != sorted(set(d["batch_sizes"])):
             raise ValueError(f"batch_sizes {d['batch_sizes']} are not increasing sizes")
+        if any(len(pair) != 2 for pair in d.get("chain_s", [])):
+            raise ValueError("chain_s holds an entry that is not [forward, backward]")
         blocks = [BlockProfile(**b) for b in d["blocks"]]
         known = {f.name for f in fields(cls)}  # profiles saved by earlier versions may carry retired keys
         sharing = {int(k): float(v) for k, v in d.get("compute_sharing", {}).items()}  # JSON keys are strings
@@ -371,7 +379,7 @@ class ModelProfile(JsonProfile):
 
 
 # the lists that hold one figure per batch size (empty where not measured), in a profile and in a block
-_PER_BATCH = ("loss_s", "data_s", "train_peak_rss_bytes", "train_peak_reserved_bytes", "loop_s")
+_PER_BATCH = ("loss_s", "data_s", "train_peak_rss_bytes", "train_peak_reserved_bytes", "loop_s", "chain_s")
 _MEASURED_ALWAYS = ("loss_s", "data_s", "train_peak_rss_bytes",  # the others are empty where not measured
                     "fwd_s", "bwd_s", "out_bytes", "saved_bytes", "flops")
 _BLOCK_PER_BATCH = ("fwd_s", "bwd_s", "out_bytes", "saved_bytes", "flops", "fwd_cold_s", "bwd_cold_s")

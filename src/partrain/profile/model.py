@@ -12,7 +12,8 @@ serial training steps at each batch size (what the allocator really holds for a 
 Profiles are cached as JSON in the profile directory (``profile.cache``),
 keyed by model, dataset, batch sizes, threads and the hardware fingerprint, and reused by
 every later prediction. Cost: about four forward/backward passes of the model per batch
-size (an instrumented one, which also warms the block up, then at least three timed), plus
+size (an instrumented one, which also warms the block up, then at least three timed), as
+many again of the blocks as one chain (``profile.blocks``: what a stage of several costs), plus
 the memory probe (``profile.probe``): a fresh process (it imports torch) taking two serial steps per batch
 size, then 3 to 65 steps (about 0.1 s measured after 1 of warm-up) of partrain's own
 training loop per strategy on a world of one at the smallest batch size (``world_of_one_s``:
@@ -34,7 +35,6 @@ import time
 
 import torch
 import torch.nn as nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from partrain.data import load_dataset
 from partrain.distributed.launch import (
@@ -45,6 +45,7 @@ from partrain.models import build_model, model_blocks
 from partrain.predict.machine import fingerprint
 from partrain.predict.profiles import BlockProfile, ModelProfile
 from partrain.profile import outputs
+from partrain.profile.blocks import profile_blocks, time_chain
 from partrain.profile.numerics import (
     autocast,
     device_name,
@@ -56,11 +57,8 @@ from partrain.profile.pace import Pace, at_pace, probe_pace
 from partrain.profile.probe import measure_memory, world_of_one_steps
 from partrain.profile.sharing import profile_sharing, start_corunners
 from partrain.profile.timing import (
-    CUDA_TARGET_S,
-    TARGET_S,
     Stopwatch,
     cpu_seconds,
-    cold_run,
     median_times,
     others_share,
     timed,
@@ -74,88 +72,9 @@ from partrain.strategies.traced import TracedSpan, traced_blocks
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
 OPTIMIZER_REPEATS = 10
-COLD_REPEATS = 20  # a block's cold forward and backward: each waits for two cache evictions (~1 ms)
 
 
 # ---- measuring ----------------------------------------------------------------------------
-
-
-def _storage(t: torch.Tensor) -> tuple[int, int]:
-    s = t.untyped_storage()
-    return s.data_ptr(), s.nbytes()
-
-
-def _inspect_block(block: nn.Module, x, amp) -> tuple[torch.Tensor, int, bool, bool, int]:
-    """One instrumented forward (under ``amp``, the run's autocast) + backward: (output, saved
-    bytes, saves input, saves output, FLOPs). Under autocast the saved tensors include the
-    weights' bf16/fp16 copies: memory the step really holds."""
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor):
-        ptr, nbytes = _storage(t)
-        saved[ptr] = nbytes
-        return t
-
-    with FlopCounterMode(display=False) as flops, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with amp():
-            out = block(x)
-        outputs.backward(out)  # a tensor, or a tuple of them (profile.outputs)
-    owned = {_storage(t)[0] for t in [*block.parameters(), *block.buffers()]}
-    in_ptrs, out_ptrs = {_storage(t)[0] for t in outputs.tensors(x)}, {_storage(t)[0] for t in outputs.tensors(out)}
-    activations = sum(n for ptr, n in saved.items() if ptr not in owned and ptr not in in_ptrs | out_ptrs)
-    saves_output = any(ptr in saved for ptr in out_ptrs)
-    activations += sum(saved[ptr] for ptr in out_ptrs if ptr in saved)
-    return (outputs.detached(out, False), activations, any(ptr in saved for ptr in in_ptrs), saves_output,
-            flops.get_total_flops())
-
-
-def _time_block(block: nn.Module, x, needs_grad: bool, watch: Stopwatch, amp) -> list[float]:
-    """Median [forward, backward] seconds of ``block`` on ``x``, with fresh gradients each time
-    (the training loop zeroes them to None every step), on ``watch``'s device. No warm-up of
-    its own: the caller has just run the block forward and backward once to count its FLOPs
-    and saved bytes."""
-    grad = None
-
-    def run() -> tuple[float, float]:
-        nonlocal grad
-        block.zero_grad(set_to_none=True)
-        inp = outputs.detached(x, needs_grad)
-        watch.start()
-        with amp():
-            out = block(inp)
-        watch.mark()
-        grad = outputs.backward(out, grad)
-        return watch.laps()
-
-    return median_times(run, warm_up=False, target_s=CUDA_TARGET_S if watch.cuda else TARGET_S)
-
-
-def _time_block_cold(block: nn.Module, x, needs_grad: bool, amp) -> list[float]:
-    """Median [forward, backward] seconds of ``block`` on ``x`` on a CPU, each started with the
-    core's caches written over (``timing.evict_caches``): where a node's workers outnumber its
-    cores, another worker runs on the core while a pipeline stage waits for its next message,
-    and the stage's next action starts cold. Small blocks feel it most: on a 2-core VM a
-    LayerNorm/GELU block at 4 samples ran 2.6x its back-to-back forward and 2.1x its backward,
-    the probes' 64-wide linear layers over 2 rows 4.3x, a gpt block 1.1x; inside 4-stage
-    pipelines on 4 workers, the gallery's models ran 13-29% slower than predicted from the
-    back-to-back times. Fewer repeats than ``_time_block``: what is cold is small."""
-    grad = inp = None
-
-    def prepare() -> None:
-        nonlocal inp
-        block.zero_grad(set_to_none=True)
-        inp = outputs.detached(x, needs_grad)
-
-    def forward():
-        with amp():
-            return block(inp)
-
-    def backward(out) -> None:
-        nonlocal grad
-        grad = outputs.backward(out, grad)
-
-    run = cold_run(forward, backward, prepare)
-    return median_times(run, warm_up=False, max_repeats=COLD_REPEATS, target_s=TARGET_S / 2)
 
 
 def _time_optimizer(params: list[nn.Parameter], kind: str, device: torch.device) -> float:
@@ -183,21 +102,6 @@ def _time_optimizer(params: list[nn.Parameter], kind: str, device: torch.device)
     for p in params:
         p.grad = None
     return seconds
-
-
-def _profile_blocks(blocks: list[nn.Module], x, watch: Stopwatch, amp) -> list[dict]:
-    """Per block at one batch size: times, bytes and FLOPs, each block fed the previous one's output."""
-    rows = []
-    for i, block in enumerate(blocks):
-        needs_grad = i > 0  # the data does not need a gradient: block 0 skips its input gradient
-        out, saved, saves_in, saves_out, flops = _inspect_block(block, outputs.detached(x, needs_grad), amp)
-        fwd, bwd = _time_block(block, x, needs_grad, watch, amp)
-        cold = [] if watch.cuda else _time_block_cold(block, x, needs_grad, amp)  # a GPU's host does not compute
-        rows.append({"fwd_s": fwd, "bwd_s": bwd, "cold": cold, "out_bytes": outputs.nbytes(out),
-                     "saved_bytes": saved, "saves_input": saves_in, "saves_output": saves_out, "flops": flops})
-        block.zero_grad(set_to_none=True)
-        x = out
-    return rows
 
 
 def _time_loss_and_data(model: nn.Module, train_set, batch: int, device: torch.device, amp,
@@ -245,15 +149,16 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         pace = Pace.of(net, train_set, batch_sizes[0], dict(device=dev.type, precision=precision,
                                                            channels_last=channels_last)) if dev.type == "cpu" else None
         plain = len(blocks) == 1  # one block: the pipelines run the tracer's pieces (strategies.traced)
-        per_batch = []
+        per_batch, chain = [], []  # chain: the blocks as one stage, per batch size (_time_chain)
         for i, b in enumerate(batch_sizes):
             _sample(pace)
             x = place_input(train_set.get(torch.arange(b) % len(train_set))[0], dev, channels_last)
             if plain:
                 blocks = _traced_pieces(net, x, blocks if i else None)
             phase(f"profile {model}", f"timing {len(blocks)} blocks forward and backward at batch {b} ({i + 1} of {len(batch_sizes)})")
-            per_batch.append((_profile_blocks(blocks, x, watch, amp),
+            per_batch.append((profile_blocks(blocks, x, watch, amp),
                               _time_loss_and_data(net, train_set, b, dev, amp, channels_last)))
+            chain.append(time_chain(blocks, x, watch, amp, accumulate=not i))
         block_profiles = [
             _block_profile(_name_of(net, blk), blk, [rows[i] for rows, _ in per_batch], dev) for i, blk in enumerate(blocks)
         ]
@@ -313,7 +218,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
         world_of_one_batch=min(batch_sizes), device=device_name(dev), precision=precision,
         channels_last=channels_last, compile=compile, train_peak_reserved_bytes=memory.get("train_peaks_reserved", []),
         loop_s=loop, probe_pace=probe_factor, compute_sharing=sharing, sharing_batch=sharing_batch, scalar_parameter=scalar,
-        pace_s=windows,
+        pace_s=windows, chain_s=[c[:2] for c in chain], accumulate_s=max(0.0, chain[0][2] - chain[0][1]),
     )
 
 

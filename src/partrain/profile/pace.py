@@ -165,4 +165,6 @@ def at_later_pace(profile: ModelProfile) -> ModelProfile:
                       bwd_cold_s=times(b.bwd_cold_s), optimizer_s=each(b.optimizer_s)) for b in profile.blocks]
     return replace(profile, blocks=blocks, loss_s=times(profile.loss_s), data_s=times(profile.data_s),
                    optimizer_s=each(profile.optimizer_s), replica_wrapper_s=profile.replica_wrapper_s * factor,
-                   world_of_one_s=each(profile.world_of_one_s), loop_s=times(profile.loop_s))
+                   world_of_one_s=each(profile.world_of_one_s), loop_s=times(profile.loop_s),
+                   chain_s=[times(c) for c in profile.chain_s],
+                   accumulate_s=None if profile.accumulate_s is None else profile.accumulate_s * factor)
