@@ -183,6 +183,9 @@ def test_a_stage_hop_pays_the_runtimes_measured_cost_on_any_link():
     bare = dataclasses.replace(hw, pipeline_hop_s=None)  # a cluster file: no probe, the link alone
     assert stage_transfer_time(bare, n, 3, 4) == transfer_time(hw, n, 3, 4)
     assert stage_transfer_time(hw, n, 3, 3) == 0.0
+    # a tuple of tensors is as many point-to-point sends: each one after the first pays the latency again
+    latency = transfer_time(hw, 1, 3, 4)
+    assert stage_transfer_time(hw, n, 3, 4, tensors=3) == pytest.approx(stage_transfer_time(hw, n, 3, 4) + 2 * latency)
 
 
 def test_a_hardware_profile_measured_by_an_earlier_method_is_measured_again(tmp_path, monkeypatch):

@@ -240,6 +240,8 @@ def test_blocks_returning_tuples_are_timed_and_sized():
     assert [r["out_bytes"] for r in rows] == [4 * 6 * 8 * 4 + 4 * 6 * 8, 4 * 6 * 8 * 4 + 4 * 6 * 8, 4 * 6 * 50 * 4]
     assert all(r["fwd_s"] > 0 and r["bwd_s"] > 0 for r in rows)
     assert rows[1]["flops"] > 0  # the linear layer counted through a tuple input
+    # a tuple crosses a stage boundary as one message per tensor, gradients for the float ones only
+    assert [(r["out_tensors"], r["out_floats"]) for r in rows] == [(2, 1), (2, 1), (1, 1)]
 
 
 def test_outputs_helpers_on_tuples():

@@ -42,7 +42,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import os
 
     from partrain.predict.fits import default_sizes
-    from partrain.predict.profiles import NOTICEABLE_LOAD
+    from partrain.profile.cache import NOTICEABLE_LOAD
     from partrain.profile.cache import (
         BUSY_SHARE,
         RunOptions,
@@ -92,7 +92,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def announce_profile(profile, path, reused: bool, extra: str = "") -> None:
     """On stderr: which model profile a command used, and whether the machine was busy when it was taken."""
-    from partrain.predict.profiles import busy_warning
+    from partrain.profile.cache import busy_warning
 
     where = f"{path}{' (cached)' if reused else ''}" if Path(path).is_file() else "not cached (the machine was busy)"
     print(f"model profile: {where}{extra}", file=sys.stderr)

@@ -46,7 +46,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from partrain.predict.machine import fingerprint as machine
     from partrain.predict.plan import profile_batch_sizes
-    from partrain.predict.profiles import busy_warning
+    from partrain.profile.cache import busy_warning
     from partrain.profile.cache import (
         RunOptions,
         fingerprint,

@@ -86,14 +86,16 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     fwd_cold, bwd_cold = actions(cold=True) if cold else ((), ())
     rank = lambda s: (s % plan.pp) * plan.dp  # noqa: E731  (global rank of replica 0's stage s)
     out = [compute.at(profile, profile.blocks[e - 1].out_bytes, b) for _, e in bounds]
+    sent = [(profile.blocks[e - 1].out_tensors, profile.blocks[e - 1].out_floats) for _, e in bounds]
     # per stage, (bytes, from, to) of the message it sends on: none (0 bytes) past either end
     ahead = [(out[s], rank(s), rank(s + 1)) if s < n - 1 else (0.0, 0, 0) for s in range(n)]
     back = [(out[s - 1], rank(s), rank(s - 1)) if s > 0 else (0.0, 0, 0) for s in range(n)]
     # with more workers than cores, a message between stages costs more the longer they compute
     # (measured: ``HardwareProfile.pipeline_world_loaded``); the stages' mean action picks it
     action_s = sum(fwd_cold + bwd_cold if cold else fwd + bwd) / (2 * n)
-    send_fwd, send_bwd = (tuple(stage_transfer_time(hw, *msg, plan.dp, plan.pp, action_s) for msg in msgs)
-                          for msgs in (ahead, back))
+    send_fwd = tuple(stage_transfer_time(hw, *msg, plan.dp, plan.pp, action_s, sent[s][0]) for s, msg in enumerate(ahead))
+    send_bwd = tuple(stage_transfer_time(hw, *msg, plan.dp, plan.pp, action_s, sent[s - 1][1] if s else 1)
+                     for s, msg in enumerate(back))  # the gradients of the floating-point tensors stage s took
     wire_fwd, wire_bwd = (tuple(wire_time(hw, *msg) for msg in msgs) for msgs in (ahead, back))
     kind = compute.optimizer_kind(plan.optimizer, plan.momentum)
     data = compute.at(profile, profile.data_s, plan.batch_size / plan.dp) / env.speed

@@ -260,6 +260,8 @@ class BlockProfile:
     # not measured (a GPU, a profile before MODEL_MEASUREMENT 4)
     fwd_cold_s: list[float] = field(default_factory=list)
     bwd_cold_s: list[float] = field(default_factory=list)
+    out_tensors: int = 1  # tensors in the output (a tuple's): a stage boundary sends each on its own
+    out_floats: int = 1  # of them floating point: the gradients the next stage sends back
 
 
 @dataclass
@@ -321,9 +323,8 @@ class ModelProfile(JsonProfile):
     sharing_batch: int = 0
     # the model's first 0-dimensional parameter, which fully_shard cannot shard ("": none, or not looked for)
     scalar_parameter: str = ""
-    # per batch size, [forward, backward] of every block run as a stage runs them (one after another,
-    # one backward call: ``compute.stage_times``); and at the smallest, what that backward adds when it
-    # sums into gradients already there (``compute.gradient_pass_time``). Empty / None: not measured
+    # per batch size, [forward, backward] of every block as one chain (``compute.stage_times``), and what that
+    # backward adds summing into gradients already there (``compute.gradient_pass_time``); empty/None: not measured
     chain_s: list[list[float]] = field(default_factory=list)
     accumulate_s: float | None = None
     method: int = MODEL_MEASUREMENT  # the MODEL_MEASUREMENT that took it (files without one: 1)
@@ -384,17 +385,3 @@ _MEASURED_ALWAYS = ("loss_s", "data_s", "train_peak_rss_bytes",  # the others ar
                     "fwd_s", "bwd_s", "out_bytes", "saved_bytes", "flops")
 _BLOCK_PER_BATCH = ("fwd_s", "bwd_s", "out_bytes", "saved_bytes", "flops", "fwd_cold_s", "bwd_cold_s")
 
-
-# The share of the CPU other processes took while a profile was measured from which it is
-# flagged, and measured once more (``profile.cache``): at 11% (a `partrain predict` run beside
-# it) the 4-worker sync after computing read 4.2 ms, against 3.0 quietly before and after
-# (issue 18's run56)
-NOTICEABLE_LOAD = 0.1
-
-
-def busy_warning(profile: ModelProfile, threshold: float = NOTICEABLE_LOAD) -> str | None:
-    """One line when other processes competed with the profiler for the CPU, else None."""
-    if profile.other_load < threshold:
-        return None
-    return (f"warning: other processes used {profile.other_load:.0%} of the CPU while {profile.model} was profiled; "
-            "its times may be inflated: profile again with --refresh when the machine is quiet")

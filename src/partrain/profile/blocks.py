@@ -23,6 +23,8 @@ def profile_blocks(blocks: list[nn.Module], x, watch: Stopwatch, amp) -> list[di
         fwd, bwd = _time_block(block, x, needs_grad, watch, amp)
         cold = [] if watch.cuda else _time_block_cold(block, x, needs_grad, amp)  # a GPU's host does not compute
         rows.append({"fwd_s": fwd, "bwd_s": bwd, "cold": cold, "out_bytes": outputs.nbytes(out),
+                     "out_tensors": len(outputs.tensors(out)),
+                     "out_floats": sum(t.is_floating_point() for t in outputs.tensors(out)),
                      "saved_bytes": saved, "saves_input": saves_in, "saves_output": saves_out, "flops": flops})
         block.zero_grad(set_to_none=True)
         x = out

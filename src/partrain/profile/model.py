@@ -278,6 +278,8 @@ def _block_profile(name: str, block: nn.Module, rows: list[dict], device: torch.
         fwd_cold_s=[r["cold"][0] for r in rows if r["cold"]],
         bwd_cold_s=[r["cold"][1] for r in rows if r["cold"]],
         out_bytes=[r["out_bytes"] for r in rows],
+        out_tensors=rows[0]["out_tensors"],
+        out_floats=rows[0]["out_floats"],
         saved_bytes=[r["saved_bytes"] for r in rows],
         saves_input=rows[0]["saves_input"],
         saves_output=rows[0]["saves_output"],
