@@ -32,10 +32,10 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
-from partrain.predict.pipeline import simulate_plan  # noqa: E402
-from partrain.predict.plan import Plan  # noqa: E402
-from partrain.predict.profiles import HardwareProfile, ModelProfile  # noqa: E402
-from partrain.profile.pace import at_later_pace  # noqa: E402
+from partrain.predict.pipeline import simulate_plan
+from partrain.predict.plan import Plan
+from partrain.predict.profiles import HardwareProfile, ModelProfile
+from partrain.profile.pace import at_later_pace
 
 KINDS = {"forward": "F", "backward": "B", "data": "data", "optimizer": "optimizer"}
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from partrain.predict.pipeline_sim import PipelineCosts, StepWork, schedule_order, simulate
+from partrain.predict.pipeline_sim import PipelineCosts, StepWork, simulate
+from partrain.predict.schedules import schedule_order
 from partrain.distributed.launch import detect_launcher, init_process_group, leave_process_group
 from partrain.profile.step_probes import measure_pipelines_side_by_side
 

@@ -124,7 +124,8 @@ def test_only_an_action_whose_rank_waited_before_it_runs_cold():
     its first backward is cold, its second follows at once. Rank 1 waits for its first forward
     (cold) and runs the rest back to back. One step: rank 0 F F . . . . B(cold 6-9) B (9-10);
     rank 1 . F(cold 1-4) F B B; 10 s, where warm it is 6 s and cold throughout 18 s."""
-    from partrain.predict.pipeline_sim import PipelineCosts, gpipe_order, simulate
+    from partrain.predict.pipeline_sim import PipelineCosts, simulate
+    from partrain.predict.schedules import gpipe_order
 
     def step(cold: tuple[float, ...]) -> float:
         return simulate(gpipe_order(2, 2), PipelineCosts((1.0, 1.0), (1.0, 1.0), (0.0, 0.0), (0.0, 0.0),

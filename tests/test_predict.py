@@ -34,15 +34,11 @@ from partrain.predict.memory import (
     transient_bytes,
 )
 from partrain.predict.pipeline import stage_bounds
-from partrain.predict.pipeline_sim import (
-    PipelineCosts,
-    StepWork,
-    schedule_order,
-    simulate,
-)
+from partrain.predict.pipeline_sim import PipelineCosts, StepWork, simulate
 from partrain.predict.plan import profile_batch_sizes
 from partrain.predict.prediction import environment
 from partrain.predict.profiles import HardwareProfile
+from partrain.predict.schedules import schedule_order
 from partrain.profile.hardware import fit_compute_sharing
 from partrain.profile.model import profile_model
 from partrain.report.plots import plot_scatter

@@ -21,7 +21,8 @@ that is the slower one and the group holds several ranks of a node.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+import statistics
+from dataclasses import dataclass, replace
 
 from partrain.predict.fits import CostFit, Segment
 from partrain.predict.profiles import HardwareProfile
@@ -153,3 +154,45 @@ def stage_transfer_time(hw: HardwareProfile, nbytes: float, src: int, dst: int, 
         return link
     probe_bytes = (hw.points.get("pipeline") or {}).get("message_bytes", 0)
     return max(0.0, runtime.hop_s - transfer_time(hw, probe_bytes, *runtime.probe_ranks)) + link
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A policed link: a token bucket (``tc tbf``, a cloud network's rate limit) lets a message
+    through at once while it holds credit, the rest at the policed rate, and refills at that
+    rate up to ``burst_bytes`` while the link idles."""
+
+    burst_bytes: float
+    rate_s_per_byte: float  # the policed rate
+
+    def wire(self, nbytes: float, credit: float) -> float:
+        """Seconds ``nbytes`` hold the link when the bucket holds ``credit`` bytes."""
+        return max(0.0, nbytes - max(0.0, credit)) * self.rate_s_per_byte
+
+
+MIN_BURST_BYTES = 4096  # below a few frames a bucket changes no message's time measurably
+
+
+def link_bucket(hw: HardwareProfile, src: int, dst: int) -> Bucket | None:
+    """The token bucket of the link between the nodes of global ranks ``src`` and ``dst``,
+    fitted to the send/recv sweep ``profile --hardware`` timed across them: a message of s
+    bytes takes latency + max(0, s - burst) / rate (the burst's own bytes cross at the speed of
+    the hosts' interfaces, inside the latency), so each message the rate paces (at least half
+    its rate's time, and more than the latency, over the latency) gives burst = s - (time -
+    latency) x rate; the burst is their median. Issue 18's links, whose ``tbf`` holds 1 ms of the rate: 11.8 kB fitted at
+    100 Mbit/s (64 kB took 4.57 ms one way, 256 kB 21.0), 127 kB at 1 Gbit/s (12.5 and 125
+    shaped). None within a node, without a sweep (a cluster file), or where no burst shows: a
+    link that serialises every message at its rate, as a real one does."""
+    if src == dst or tier_of(hw, [src, dst]) != "inter":
+        return None
+    points = hw.sendrecv_points("inter")
+    if len(points) < 4 or points[-1][1] <= points[-2][1]:
+        return None
+    (b1, t1), (b2, t2) = points[-2:]
+    rate = (t2 - t1) / (b2 - b1)
+    latency = statistics.median(t for _, t in points[:3])
+    paced = [b - (t - latency) / rate for b, t in points if t - latency > max(0.5 * b * rate, latency)]
+    burst = statistics.median(paced) if paced else 0.0
+    if burst < MIN_BURST_BYTES:
+        return None
+    return Bucket(burst, rate)

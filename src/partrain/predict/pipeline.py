@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from partrain.errors import PartrainError
 from partrain.predict import compute
-from partrain.predict.comm import collective_time, stage_transfer_time, wire_time
+from partrain.predict.comm import collective_time, link_bucket, stage_transfer_time, wire_time
 from partrain.predict.cut import balanced_bounds, bounds_from_split_points, untraced_refusal
 from partrain.predict.memory import (
     MemoryBreakdown,
@@ -14,13 +14,7 @@ from partrain.predict.memory import (
     stage_state,
     transient_bytes,
 )
-from partrain.predict.pipeline_sim import (
-    PipelineCosts,
-    SimResult,
-    StepWork,
-    schedule_order,
-    simulate,
-)
+from partrain.predict.pipeline_sim import PipelineCosts, SimResult, StepWork, simulate
 from partrain.predict.plan import Plan
 from partrain.predict.prediction import (
     Env,
@@ -30,6 +24,7 @@ from partrain.predict.prediction import (
     environment,
 )
 from partrain.predict.profiles import HardwareProfile, ModelProfile
+from partrain.predict.schedules import schedule_order
 
 
 def stage_bounds(profile: ModelProfile, plan: Plan) -> list[tuple[int, int]]:
@@ -97,6 +92,9 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     send_bwd = tuple(stage_transfer_time(hw, *msg, plan.dp, plan.pp, action_s, sent[s - 1][1] if s else 1)
                      for s, msg in enumerate(back))  # the gradients of the floating-point tensors stage s took
     wire_fwd, wire_bwd = (tuple(wire_time(hw, *msg) for msg in msgs) for msgs in (ahead, back))
+    # a policed link between nodes (a token bucket, measured) paces each message by the credit left
+    policed = lambda nbytes, src, dst: (b, nbytes) if nbytes > 0 and (b := link_bucket(hw, src, dst)) else None  # noqa: E731
+    bucket_fwd, bucket_bwd = (tuple(policed(*msg) for msg in msgs) for msgs in (ahead, back))
     kind = compute.optimizer_kind(plan.optimizer, plan.momentum)
     data = compute.at(profile, profile.data_s, plan.batch_size / plan.dp) / env.speed
     wrapper = profile.replica_wrapper_s if plan.dp > 1 else 0.0  # a hybrid wraps its stages only then
@@ -131,7 +129,7 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
         after.append((StepWork("runtime", own), StepWork("runtime", shared, cpu=False),
                       StepWork("allreduce", reduce, cpu=False), StepWork("optimizer", opt)))
     return PipelineCosts(fwd, bwd, send_fwd, send_bwd, tuple(before), tuple(after), wire_fwd, wire_bwd,
-                         fwd_cold, bwd_cold)
+                         fwd_cold, bwd_cold, bucket_fwd, bucket_bwd)
 
 
 def simulate_plan(profile: ModelProfile, hw: HardwareProfile, plan: Plan, transfers: bool = True) -> SimResult:

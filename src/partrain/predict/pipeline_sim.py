@@ -1,16 +1,7 @@
 """A discrete-event simulation of the pipeline schedules partrain runs.
 
 Each worker (pipeline rank) executes its list of actions in order, exactly the order
-``torch.distributed.pipelining`` uses:
-
-- GPipe (``ScheduleGPipe``; Huang et al., "GPipe", NeurIPS 2019): all M forwards, then all M
-  backwards.
-- 1F1B (``Schedule1F1B``; PipeDream-Flush, Narayanan et al., "Memory-Efficient Pipeline-
-  Parallel DNN Training", ICML 2021): stage s runs min(M, P - s) forwards, then alternates
-  one backward and one forward, then drains the backwards.
-- interleaved 1F1B (``ScheduleInterleaved1F1B``; Narayanan et al., "Efficient Large-Scale
-  Language Model Training on GPU Clusters", SC 2021): V stages per rank placed round-robin
-  (stage s on rank s mod P), the action order of torch's ``_get_1f1b_rank_ops``.
+``torch.distributed.pipelining`` uses (``predict.schedules``: GPipe, 1F1B, interleaved 1F1B).
 
 An action starts when its rank is free and its input has arrived: the forward of micro-batch
 m on stage s needs stage s-1's forward of m, the backward needs stage s+1's backward of m.
@@ -19,25 +10,24 @@ sender has issued it and the receiver's notice that it posted the matching recei
 the runtime reaches the action that needs it) has reached the sender; then it takes the
 boundary's transfer time and occupies no worker. Each direction between two ranks is one
 connection (gloo's pair, one TCP stream): its messages go one after another, each holding it
-for the time its bytes take on the wire, and a notice travels behind whatever is on its way
-in its direction when it is posted. Where a link's wire time is long (a slow network), this
-is what 1F1B pays: a stage posts the receive of its next forward right after sending a
-gradient back (``Schedule1F1B`` fuses the two), so the next activation waits for that
-gradient to cross first. At the end of a step a rank waits until its sends were received
-(the runtime waits on its send requests before returning from ``step``). Actions computing
-at once share the machine: each runs ``slowdown(k)`` times longer while k compute. The
-predictor passes the slowdown the hardware profile measured for k workers side by side
-(caches and memory bandwidth shared), never less than processor sharing of the cores:
-cores / (threads x k) of full speed when they do not suffice (Kleinrock, "Queueing Systems",
-vol. 2, 1976). On a CPU host, a stage woken by a message while its sender computes on without
-a pause (GPipe's first stage runs its forwards back to back, its last stage its backwards)
-queues behind the sender on a core: it starts ``busy_sender_s`` later (measured), or as soon
-as the sender waits for anything; a stage that receives right after sending (1F1B's steady
-state) pauses in gloo's rendezvous and lets it run. With more workers than cores, an action
-whose rank waited before it takes its stage's cold time, where given: another worker ran on its
-core and wrote over its caches meanwhile. Several consecutive steps are simulated and rank 0's
-steady-state period is the step time, as the training loop measures it there. The bubble is
-nothing but the idle time this produces: no closed-form formula is used."""
+for the time its bytes take on the wire (on a policed link, what its token bucket's credit
+leaves to pace), and a notice travels behind whatever is on its way in its direction. On a
+slow link this is what 1F1B pays: a stage posts the receive of its next forward right after
+sending a gradient back (``Schedule1F1B`` fuses the two), so the next activation waits for
+that gradient to cross first. At the end of a step a rank waits until its sends were
+received (the runtime waits on its send requests before returning from ``step``). Actions
+computing at once share the machine: each runs ``slowdown(k)`` times longer while k compute,
+the slowdown the hardware profile measured for k workers side by side, never less than
+processor sharing of the cores (Kleinrock, "Queueing Systems", vol. 2, 1976). On a CPU host,
+a stage woken by a message while its sender computes on without a pause (GPipe's first stage
+runs its forwards back to back, its last stage its backwards) queues behind the sender on a
+core: it starts ``busy_sender_s`` later (measured), or as soon as the sender waits for
+anything; a stage that receives right after sending (1F1B's steady state) pauses in gloo's
+rendezvous and lets it run. With more workers than cores, an action whose rank waited before
+it takes its stage's cold time, where given: another worker ran on its core and wrote over
+its caches meanwhile. Several consecutive steps are simulated and rank 0's steady-state
+period is the step time, as the training loop measures it there. The bubble is nothing but
+the idle time this produces: no closed-form formula is used."""
 
 from __future__ import annotations
 
@@ -47,77 +37,9 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from partrain.predict.schedules import Action
+
 EPS = 1e-12
-
-
-@dataclass(frozen=True)
-class Action:
-    kind: str  # "F" forward | "B" backward
-    stage: int
-    mb: int
-
-
-def gpipe_order(pp: int, microbatches: int) -> list[list[Action]]:
-    """Per rank: all forwards, then all backwards (``ScheduleGPipe._step_microbatches``)."""
-    return [[Action("F", s, m) for m in range(microbatches)] + [Action("B", s, m) for m in range(microbatches)]
-            for s in range(pp)]
-
-
-def one_f_one_b_order(pp: int, microbatches: int) -> list[list[Action]]:
-    """Per rank: min(M, P - s) warm-up forwards, then B, F, B, F ..., then the last backwards
-    (``Schedule1F1B._step_microbatches``)."""
-    orders = []
-    for s in range(pp):
-        warmup = min(microbatches, pp - s)
-        ops = [Action("F", s, m) for m in range(warmup)]
-        nxt = warmup
-        for m in range(microbatches):
-            ops.append(Action("B", s, m))
-            if nxt < microbatches:
-                ops.append(Action("F", s, nxt))
-                nxt += 1
-        orders.append(ops)
-    return orders
-
-
-def interleaved_order(pp: int, stages_per_rank: int, microbatches: int) -> list[list[Action]]:
-    """Per rank, the non-idle actions of torch's ``ScheduleInterleaved1F1B`` (``_get_warmup_ops``
-    and ``_get_1f1b_rank_ops``): rounds of ``microbatches_per_round`` micro-batches, each visiting
-    the rank's V stages in turn; backwards visit them in reverse."""
-    v = stages_per_rank
-    rounds = max(1, microbatches // pp)
-    per_round = microbatches // rounds
-    orders = []
-    for rank in range(pp):
-        warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), microbatches * v)
-        steady = microbatches * v - warmup
-        fwd_stage = lambda op: ((op // per_round) % v) * pp + rank  # noqa: E731
-        bwd_stage = lambda op: (v - 1 - ((op - warmup) // per_round) % v) * pp + rank  # noqa: E731
-        next_mb: dict[tuple[str, int], int] = defaultdict(int)
-
-        def take(kind: str, stage: int) -> Action:
-            m = next_mb[kind, stage]
-            next_mb[kind, stage] += 1
-            return Action(kind, stage, m)
-
-        ops = []
-        for op in range(warmup + steady + warmup):
-            if op < warmup + steady:
-                ops.append(take("F", fwd_stage(op)))
-            if op >= warmup:
-                ops.append(take("B", bwd_stage(op)))
-        orders.append(ops)
-    return orders
-
-
-def schedule_order(schedule: str, pp: int, microbatches: int, stages_per_rank: int = 1) -> list[list[Action]]:
-    if schedule == "gpipe":
-        return gpipe_order(pp, microbatches)
-    if schedule == "1f1b":
-        return one_f_one_b_order(pp, microbatches)
-    if schedule == "interleaved-1f1b":
-        return interleaved_order(pp, stages_per_rank, microbatches)
-    raise ValueError(f"unknown schedule {schedule!r}")
 
 
 @dataclass(frozen=True)
@@ -147,6 +69,10 @@ class PipelineCosts:
     # waited before it, and another worker used its core meanwhile. Empty: never cold
     fwd_cold: tuple[float, ...] = ()
     bwd_cold: tuple[float, ...] = ()
+    # per stage, (comm.Bucket, bytes) of its message where the link polices it (a token bucket);
+    # then its wire time depends on the credit left (``simulate``). Empty or None: as measured
+    bucket_fwd: tuple = ()
+    bucket_bwd: tuple = ()
 
     def __post_init__(self) -> None:
         # a NaN never compares as later or earlier, so the event loop would wait for it forever
@@ -157,12 +83,16 @@ class PipelineCosts:
 
     def without_transfers(self) -> PipelineCosts:
         zero = tuple(0.0 for _ in self.fwd)
-        return replace(self, send_fwd=zero, send_bwd=zero, wire_fwd=(), wire_bwd=())
+        return replace(self, send_fwd=zero, send_bwd=zero, wire_fwd=(), wire_bwd=(), bucket_fwd=(), bucket_bwd=())
 
     def wire(self, kind: str, stage: int) -> float:
         """How long the message ``kind`` ("F" or "B") of ``stage`` to its neighbour holds its connection."""
         wires = self.wire_fwd if kind == "F" else self.wire_bwd
         return wires[stage] if wires else 0.0
+
+    def bucket(self, kind: str, stage: int):
+        buckets = self.bucket_fwd if kind == "F" else self.bucket_bwd
+        return buckets[stage] if buckets else None
 
 
 @dataclass
@@ -253,6 +183,7 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, slowdown: Callabl
 
     by_key = {_key(op): op for ops in ranks for op in ops if op.kind in ("F", "B")}
     channel: dict[tuple[int, int], float] = defaultdict(float)  # (sender, receiver): when its wire frees up
+    credit: dict[tuple[int, int], tuple[float, float]] = {}  # (sender, receiver): a bucket's bytes, as of when
     notice: dict[tuple, float] = {}  # receiving action: when its sender learns the receive is posted
     arrives: dict[tuple, float] = {}  # receiving action: when its input from another rank is in
     goes_on: set[tuple] = set()  # sending actions whose rank computes on without a pause after them
@@ -272,13 +203,22 @@ def simulate(orders: list[list[Action]], costs: PipelineCosts, slowdown: Callabl
 
     def deliver(op: _Op) -> None:
         """Send ``op``'s input once it is computed and its receive's notice is in, after the
-        messages already on the sender's connection to ``op``'s rank."""
+        messages already on the sender's connection to ``op``'s rank. On a policed link the
+        message's wire time is what the bucket's credit leaves to pace (``comm.Bucket``): the
+        credit refills at the rate while the connection idles, up to the burst."""
         producer, sender, hop, wire = message(op)
-        k = _key(op)
+        k, way = _key(op), (sender, op.rank)
         if k in arrives or k not in notice or producer not in done:
             return
-        start = max(done[producer], notice[k], channel[sender, op.rank])
-        channel[sender, op.rank] = start + wire
+        start = max(done[producer], notice[k], channel[way])
+        if (policed := costs.bucket(op.kind, producer[1])) is not None:
+            bucket, nbytes = policed
+            have, since = credit.get(way, (bucket.burst_bytes, start))
+            have = min(bucket.burst_bytes, have + (start - since) / bucket.rate_s_per_byte)
+            paced = bucket.wire(nbytes, have)
+            hop, wire = hop - wire + paced, paced
+            credit[way] = (have - nbytes, start) if nbytes <= have else (0.0, start + paced)
+        channel[way] = start + wire
         arrives[k] = start + hop
 
     def post(r: int) -> None:

@@ -170,15 +170,18 @@ class HardwareProfile(JsonProfile):
         (``measure_link_alone``; profiles from before it: the sweep's own send/recv). None where
         it was not measured; NaN where the larger message took no longer (messages that small
         pass in a token-bucket shaper's burst)."""
-        points = (self.points or {}).get("link_alone", {}).get(tier)
-        if points is None:
-            by_size = (self.points or {}).get(tier, {})
-            points = by_size.get(str(self.nodes), {}).get("sendrecv") if tier == "inter" else \
-                next(iter(by_size.values()), {}).get("sendrecv")
-        if not points or len(points) < 2:
+        points = (self.points or {}).get("link_alone", {}).get(tier) or self.sendrecv_points(tier)
+        if len(points) < 2:
             return None
         (b1, t1), (b2, t2) = sorted(points)[-2:]
         return (b2 - b1) / (t2 - t1) if t2 > t1 else math.nan
+
+    def sendrecv_points(self, tier: str) -> list[list[float]]:
+        """The ``tier``'s send/recv sweep as measured, [bytes, one-way seconds] by size (between
+        nodes, the group over every node); empty where it was not measured (a cluster file)."""
+        by_size = (self.points or {}).get(tier, {})
+        group = by_size.get(str(self.nodes), {}) if tier == "inter" else next(iter(by_size.values()), {})
+        return sorted(group.get("sendrecv") or [])
 
     def memory_limit_per_worker(self, local_workers: int) -> int:
         return self.device_memory_bytes // max(1, local_workers) if self.shared_memory else self.device_memory_bytes

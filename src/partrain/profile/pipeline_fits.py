@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from partrain.predict.fits import longest_increasing
-from partrain.predict.pipeline_sim import PipelineCosts, no_sharing, schedule_order, simulate
+from partrain.predict.pipeline_sim import PipelineCosts, no_sharing, simulate
 from partrain.predict.profiles import HardwareProfile
+from partrain.predict.schedules import schedule_order
 
 
 def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200, slowdown=no_sharing,
