@@ -1,6 +1,7 @@
 """A policed link (a token bucket) between nodes: fitted from the send/recv sweep a hardware
 profile measured, and how the pipeline simulation paces a stage's messages through it."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,19 @@ def test_the_burst_and_rate_of_a_token_bucket_are_fitted_from_the_sweep():
     # 4 nodes: the sweep over all of them, a rank on the first node to one on the third
     assert link_bucket(_hardware(lambda s: latency + max(0, s - 125_000) * rate / 10, nodes=4), 0, 2).burst_bytes \
         == pytest.approx(125_000, rel=0.01)
+
+
+def test_a_slower_link_asked_of_the_recommender_keeps_the_burst_at_that_much_the_rate():
+    from partrain.predict.comm import with_link_bytes_scaled
+
+    from partrain.predict.fits import CostFit, Segment
+
+    hw = dataclasses.replace(_hardware(lambda s: 1.4e-4 + max(0, s - 12_500) * 8e-8),
+                             links={"inter": CostFit((Segment(float("inf"), 1.4e-4, 8e-8),))})
+    slower = link_bucket(with_link_bytes_scaled(hw, 10.0), 0, 1)
+    assert slower.burst_bytes == pytest.approx(12_500, rel=0.01)
+    assert slower.rate_s_per_byte == pytest.approx(8e-7)
+    assert link_bucket(hw, 0, 1).rate_s_per_byte == pytest.approx(8e-8)  # the measured profile untouched
 
 
 def test_a_link_that_serialises_every_message_or_none_measured_has_no_bucket():
@@ -89,8 +103,6 @@ def test_a_bucket_that_never_holds_enough_is_the_links_fit():
 def test_a_pipeline_between_nodes_behind_a_policed_link_is_predicted_through_its_bucket():
     """The plan's messages between nodes carry the link's bucket into the simulation; spaced
     1F1B messages inside the burst cross faster than the link's fit prices them."""
-    import dataclasses
-
     from partrain.predict.cluster import load_cluster
     from partrain.predict.fits import CostFit, Segment
     from partrain.predict.pipeline import simulate_plan

@@ -91,7 +91,25 @@ def with_link_bytes_scaled(hw: HardwareProfile, factor: float) -> HardwareProfil
     collectives = {t: {p: {name: scaled(fit, algorithm_factors(name, p)[1]) for name, fit in fits.items()}
                        for p, fits in by.items()} if t == tier else by for t, by in hw.collectives.items()}
     links = {t: scaled(fit, 1.0) if t == tier else fit for t, fit in hw.links.items()}
-    return replace(hw, links=links, collectives=collectives)
+    return replace(hw, links=links, collectives=collectives, points=_sweep_scaled(hw, tier, factor))
+
+
+def _sweep_scaled(hw: HardwareProfile, tier: str, factor: float) -> dict:
+    """``hw.points`` with the ``tier``'s send/recv sweep ``factor`` times slower past its latency:
+    a policed link's bucket (``link_bucket``) keeps its burst, at that much the rate."""
+    sweep = hw.sendrecv_points(tier)
+    if not sweep:
+        return hw.points
+    latency = _sweep_latency(sweep)
+    group = str(hw.nodes) if tier == "inter" else next(iter(hw.points[tier]))
+    slower = [[b, latency + max(0.0, t - latency) * factor] for b, t in sweep]
+    by_size = {**hw.points[tier], group: {**hw.points[tier][group], "sendrecv": slower}}
+    return {**hw.points, tier: by_size}
+
+
+def _sweep_latency(sweep: list[list[float]]) -> float:
+    """A send/recv sweep's latency: the median of its three smallest messages' times."""
+    return statistics.median(t for _, t in sweep[:3])
 
 
 def collective_time(hw: HardwareProfile, name: str, nbytes: float, ranks: list[int]) -> float:
@@ -190,7 +208,7 @@ def link_bucket(hw: HardwareProfile, src: int, dst: int) -> Bucket | None:
         return None
     (b1, t1), (b2, t2) = points[-2:]
     rate = (t2 - t1) / (b2 - b1)
-    latency = statistics.median(t for _, t in points[:3])
+    latency = _sweep_latency(points)
     paced = [b - (t - latency) / rate for b, t in points if t - latency > max(0.5 * b * rate, latency)]
     burst = statistics.median(paced) if paced else 0.0
     if burst < MIN_BURST_BYTES:
