@@ -7,8 +7,8 @@
 Trains the pipeline, a stage on each of ``--workers`` workers, with ``partrain train --events``
 (on 127.0.0.1, or with ``--link-mbit`` across that many emulated nodes of one worker joined by
 links of that rate, as a nodes suite places a 2x1 or 4x1 cell: needs root), then prints,
-measured beside simulated (``predict``'s event simulation
-from the model profile and the hardware profile given, e.g. the ones a nodes pass kept):
+measured beside simulated (``predict``'s event simulation from the model profile and the
+hardware profile given, e.g. the ones a nodes pass kept):
 
 - the step: rank 0's median (measured) and the steady-state period (simulated);
 - each action kind per rank: its median seconds (forward, backward, data, optimizer);
@@ -44,8 +44,8 @@ KINDS = {"forward": "F", "backward": "B", "data": "data", "optimizer": "optimize
 
 
 def train(args, schedule: str, events: str) -> None:
-    argv = ["train", "--model", args.model, "--dataset", args.dataset, "--strategy", schedule, "--workers", str(args.workers),
-            "--microbatches", str(args.microbatches), "--batch-size", str(args.batch_size), "--threads", "1",
+    argv = ["train", "--model", args.model, "--dataset", args.dataset, "--strategy", schedule,
+            "--workers", str(args.workers), "--microbatches", str(args.microbatches), "--batch-size", str(args.batch_size), "--threads", "1",
             "--steps", str(args.steps), "--no-eval", "--events", events, "--json", "--quiet"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     if not args.link_mbit:
@@ -98,8 +98,7 @@ def simulated(args, schedule: str):
     hw = HardwareProfile.load(args.hardware)
     profile = at_later_pace(ModelProfile.load(args.model_profile))
     plan = Plan(strategy=schedule, workers=args.workers, batch_size=args.batch_size, pp=args.workers, dp=1,
-                microbatches=args.microbatches,
-                schedule=schedule, threads=1)
+                microbatches=args.microbatches, schedule=schedule, threads=1)
     res = simulate_plan(profile, hw, plan)
     steps = [[(k, mb, st, en) for rank, k, _, mb, st, en in sorted(res.spans, key=lambda s: s[4]) if rank == r]
              for r in range(args.workers)]

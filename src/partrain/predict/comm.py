@@ -199,8 +199,8 @@ def link_bucket(hw: HardwareProfile, src: int, dst: int) -> Bucket | None:
     its rate's time, and more than the latency, over the latency) gives burst = s - (time -
     latency) x rate; the burst is their median. Issue 18's links, whose ``tbf`` holds 1 ms of
     the rate: 12.6 kB fitted at 100 Mbit/s (64 kB took 4.57 ms one way, 256 kB 21.0), 128 kB at
-    1 Gbit/s (12.5 and 125 shaped). None within a node, without a sweep (a cluster file), or where no burst shows: a
-    link that serialises every message at its rate, as a real one does."""
+    1 Gbit/s (12.5 and 125 shaped). None within a node, without a sweep (a cluster file), or
+    where no burst shows: a link that serialises every message at its rate, as a real one does."""
     if src == dst or tier_of(hw, [src, dst]) != "inter":
         return None
     points = hw.sendrecv_points("inter")
