@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python3 benchmarks/pipeline_hops.py --model-profile M.json --hardware H.json \\
         [--model mlp --dataset mnist --batch-size 64 --microbatches 4 --schedules 1f1b,gpipe] \\
-        [--workers 2] [--link-mbit 100] [--steps 40] [--runs 1]
+        [--workers 2] [--split-points 2] [--link-mbit 100] [--steps 40] [--runs 1]
 
 Trains the pipeline, a stage on each of ``--workers`` workers, with ``partrain train --events``
 (on 127.0.0.1, or with ``--link-mbit`` across that many emulated nodes of one worker joined by
@@ -47,6 +47,8 @@ def train(args, schedule: str, events: str) -> None:
     argv = ["train", "--model", args.model, "--dataset", args.dataset, "--strategy", schedule,
             "--workers", str(args.workers), "--microbatches", str(args.microbatches), "--batch-size", str(args.batch_size), "--threads", "1",
             "--steps", str(args.steps), "--no-eval", "--events", events, "--json", "--quiet"]
+    if args.split_points:
+        argv += ["--split-points", args.split_points]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     if not args.link_mbit:
         subprocess.run([sys.executable, "-m", "partrain", *argv], env=env, check=True, capture_output=True, timeout=600)
@@ -98,7 +100,8 @@ def simulated(args, schedule: str):
     hw = HardwareProfile.load(args.hardware)
     profile = at_later_pace(ModelProfile.load(args.model_profile))
     plan = Plan(strategy=schedule, workers=args.workers, batch_size=args.batch_size, pp=args.workers, dp=1,
-                microbatches=args.microbatches, schedule=schedule, threads=1)
+                microbatches=args.microbatches, schedule=schedule, threads=1,
+                split_points=tuple(int(i) for i in args.split_points.split(",")) if args.split_points else None)
     res = simulate_plan(profile, hw, plan)
     steps = [[(k, mb, st, en) for rank, k, _, mb, st, en in sorted(res.spans, key=lambda s: s[4]) if rank == r]
              for r in range(args.workers)]
@@ -122,6 +125,7 @@ def main() -> None:
     p.add_argument("--schedules", default="1f1b,gpipe")
     p.add_argument("--workers", type=int, default=2, help="pipeline stages, one per worker (default: 2)")
     p.add_argument("--link-mbit", type=float, help="across that many emulated nodes at this rate (root); default 127.0.0.1")
+    p.add_argument("--split-points", help="the stages' first blocks after the first, e.g. 2 or 1,2,3 (default: balanced)")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--runs", type=int, default=1, help="runs per schedule, alternating")
     args = p.parse_args()
