@@ -1234,3 +1234,33 @@ def test_the_simulator_ends_when_a_cost_is_below_the_clocks_precision():
     huge = PipelineCosts((1e20, 1e-6), (1e20, 1e-6), (0.0, 0.0), (0.0, 0.0))
     sim = simulate(schedule_order("1f1b", 2, 4), huge)
     assert math.isfinite(sim.step_s) and sim.step_s == pytest.approx(8 * 1e20, rel=1e-6)
+
+
+def test_validate_predicts_each_repeat_at_the_cut_it_chose(mlp_profile, cluster):
+    """Repeats of one pipeline cell may cut its stages differently (the run balances by block
+    times it takes at start-up): each is predicted at its own cut, and the case holds the
+    median of those predictions beside the median of the measurements."""
+    cfg = RunConfig(model="mlp", strategy="gpipe", workers=2, microbatches=4)
+    at = {cut: predict_plan(mlp_profile, cluster, Plan.from_config(cfg.replace(split_points=[cut])))
+          for cut in (1, 2)}
+    assert at[1].median_step_s != at[2].median_step_s  # the two cuts are predicted apart
+    rows = []
+    for repeat, cut in enumerate((1, 2)):
+        row = _row(cfg, 0.01 * (repeat + 1), 100, cluster.fingerprint)
+        run = json.loads(row["config"])
+        run["run"]["resolved"]["split_points"] = [cut]
+        run["cell"] = {"strategy": "gpipe", "repeat": repeat}
+        row["config"] = json.dumps(run)
+        rows.append(row)
+    report = validate(rows, lambda cfg, sizes: (mlp_profile, 1.0), lambda workers: cluster, cluster.fingerprint)
+    (case,) = report.cases  # one configuration, two repeats
+    assert case.measured_s == pytest.approx(0.015)
+    assert case.predicted_s == pytest.approx((at[1].median_step_s + at[2].median_step_s) / 2)
+    assert case.runs_as.endswith("cut [1] or [2]")
+    # both repeats at one cut: that cut's prediction, as before
+    for row in rows:
+        run = json.loads(row["config"])
+        run["run"]["resolved"]["split_points"] = [2]
+        row["config"] = json.dumps(run)
+    (case,) = validate(rows, lambda cfg, sizes: (mlp_profile, 1.0), lambda workers: cluster, cluster.fingerprint).cases
+    assert case.predicted_s == pytest.approx(at[2].median_step_s) and case.runs_as.endswith("cut [2]")

@@ -195,17 +195,20 @@ def _peak(row: dict) -> int:
     return max(measured) if measured else row["peak_memory_bytes"]
 
 
-def _case(rows: list[dict], cfg: RunConfig, pred: Prediction) -> Case:
-    """One configuration's repeats against its prediction: the median over the repeats of
-    their median steady-state step (and of their peak memory)."""
+def _case(rows: list[dict], cfg: RunConfig, preds: list[Prediction]) -> Case:
+    """One configuration's repeats against their predictions (``preds``, one per repeat: each is
+    made for the stage cut its repeat chose): the median over the repeats of their median
+    steady-state step (and of their peak memory), beside the median of their predictions."""
+    pred = preds[0]
     label = f"{cfg.model}/{cfg.dataset} {pred.plan.label()} x{cfg.workers} b{cfg.batch_size}"
     group = (cfg.model, cfg.dataset, cfg.batch_size, cfg.workers, rows[0]["threads"])
     seconds = tuple(r["step_seconds_median"] for r in rows)
-    run = pred.plan.as_run()
-    return Case(label, group, cfg.strategy, statistics.median(seconds), pred.median_step_s,
-                int(statistics.median(_peak(r) for r in rows)), pred.memory_bytes_per_worker,
+    runs = [p.plan.as_run() for p in preds]
+    cuts = " or ".join(sorted({str(list(run.split_points or ())) for run in runs}))
+    return Case(label, group, cfg.strategy, statistics.median(seconds), statistics.median(p.median_step_s for p in preds),
+                int(statistics.median(_peak(r) for r in rows)), int(statistics.median(p.memory_bytes_per_worker for p in preds)),
                 statistics.fmean(r["wall_seconds"] or 0.0 for r in rows), seconds,
-                f"{run.label()} x{run.workers} cut {list(run.split_points or ())}")
+                f"{runs[0].label()} x{runs[0].workers} cut {cuts}")
 
 
 def run_mismatch(row: dict, device: str, profile: ModelProfile | None = None) -> str | None:
@@ -259,12 +262,19 @@ def validate(rows: list[dict], profile_for, hardware_for, fingerprint: str, devi
             continue
         if cfg.workers not in hardware:
             hardware[cfg.workers] = hardware_for(cfg.workers)
+        # a pipeline cuts its stages by block times it takes at start-up, and its repeats may cut
+        # differently (issue 17's run82u: 12 of 48 pipeline cells, one of them 24.9 and 34.1 ms
+        # a step): each repeat is predicted for its own cut
+        runs = [row_config(row) for row in group]
+        by_cut: dict[str, Prediction] = {}
         try:
-            pred = predict_plan(profiles[key], hardware[cfg.workers], Plan.from_config(cfg))
+            for run in runs:
+                if str(run.split_points) not in by_cut:
+                    by_cut[str(run.split_points)] = predict_plan(profiles[key], hardware[cfg.workers], Plan.from_config(run))
         except PartrainError as err:  # a plan the predictor refuses (a pipeline of a one-block profile)
             skipped.append(f"{cfg.model}/{cfg.dataset} {cfg.strategy} x{cfg.workers}: not predicted: {err}")
             continue
-        cases.append(_case(group, cfg, pred))
+        cases.append(_case(group, cfg, [by_cut[str(run.split_points)] for run in runs]))
     return Report(cases, spent, skipped, mismatched)
 
 
