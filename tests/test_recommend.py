@@ -133,6 +133,27 @@ def test_a_model_too_big_for_one_device_gets_a_sharded_or_pipelined_plan(tmp_pat
     assert not any(p.plan.strategy in ("serial", "ddp") for p in rec.ranked)  # full replicas do not fit
 
 
+def test_a_pipeline_is_recommended_at_the_cut_it_was_predicted_at(tmp_path, mlp_profile):
+    """``train`` cuts a pipeline by block times it takes at start-up, and two runs of one plan
+    may cut differently: the recommended command pins the cut its prediction was made for."""
+    import dataclasses
+
+    from partrain.predict.pipeline import stage_bounds
+    from partrain.predict.predictor import predict_plan
+
+    hw = load_cluster(cluster(tmp_path))
+    rec = recommend(lambda t: mlp_profile, hw, workers=2, batch_size=64)
+    piped = [p for p in rec.ranked if p.plan.spec.pipelined and p.plan.workers > 1]
+    assert {p.plan.strategy for p in piped} >= {"gpipe", "1f1b", "model-parallel"}
+    for p in piped:
+        free = dataclasses.replace(p.plan, split_points=None)
+        assert p.plan.split_points == tuple(lo for lo, _ in stage_bounds(mlp_profile, free)[1:])
+        assert predict_plan(mlp_profile, hw, free).seconds_per_step == p.seconds_per_step  # the same prediction
+    assert all(p.plan.split_points is None for p in rec.ranked if p not in piped)
+    args = dataclasses.replace(rec, ranked=[piped[0]]).train_args()
+    assert args[args.index("--split-points") + 1] == ",".join(map(str, piped[0].plan.split_points))
+
+
 def test_nothing_fits_is_one_clear_error(tmp_path, mlp_profile):
     from partrain.errors import PartrainError
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from partrain.config import RunConfig
 from partrain.errors import PartrainError
 from partrain.predict.comm import with_link_bytes_scaled
+from partrain.predict.pipeline import pinned_cut
 from partrain.predict.plan import (
     Plan,
     candidate_plans,
@@ -239,6 +240,7 @@ def recommend(profile_for: Callable[[int], ModelProfile], hardware: HardwareProf
                 if reason is not None:
                     rejected.append((plan, reason))
                     continue
+                plan = pinned_cut(profile, plan)  # a pipeline's command runs the cut it is predicted with
                 pred = predict_plan(profile, hardware, plan)
                 limit = _limit_for(plan, hardware, memory_limit)
                 if pred.fits(limit):

@@ -3,6 +3,8 @@ schedule (``pipeline_sim``), and each rank's memory with the micro-batches it ke
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from partrain.errors import PartrainError
 from partrain.predict import compute
 from partrain.predict.comm import collective_time, link_bucket, stage_transfer_time, wire_time
@@ -37,6 +39,18 @@ def stage_bounds(profile: ModelProfile, plan: Plan) -> list[tuple[int, int]]:
         return bounds_from_split_points(list(plan.split_points), len(profile.blocks), n_stages)
     fwd, bwd = compute.block_times(profile, _microbatch(plan))
     return balanced_bounds([f + g for f, g in zip(fwd, bwd)], n_stages)
+
+
+def pinned_cut(profile: ModelProfile, plan: Plan) -> Plan:
+    """``plan`` with the stage cut its prediction is made for written out (``split_points``),
+    so that the command it prints runs that cut. Left to itself, ``train`` balances the stages
+    by block times it takes at start-up (three timings each), and two runs of one plan may cut
+    differently: issue 17's tuple_out, 2-stage 1F1B at batch 32, was cut after block 3 in one
+    cell and after block 2 in its twin (a one-replica hybrid), and the two cuts took 7.3 and
+    5.9 ms a step on average over ten runs each. Any other plan is returned as it is."""
+    if not plan.spec.pipelined or plan.split_points or plan.pp * plan.stages_per_worker < 2:
+        return plan
+    return replace(plan, split_points=tuple(lo for lo, _ in stage_bounds(profile, plan)[1:]))
 
 
 def _microbatch(plan: Plan) -> float:
