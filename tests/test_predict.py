@@ -660,9 +660,9 @@ def test_a_synchronisation_costs_the_share_of_the_probes_compute_that_a_step_com
     plan = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)
     whole = dataclasses.replace(cluster, compute_sharing={2: 1.0}, sync_s={2: 0.002})
     env = environment(dataclasses.replace(whole, sync_compute_s={2: 0.008}), plan)
-    assert env.sync_after(0.002) == pytest.approx(0.0005)
-    assert env.sync_after(0.02) == pytest.approx(0.002)
-    assert environment(whole, plan).sync_after(1e-6) == pytest.approx(0.002)
+    assert env.sync_after(0.002, 65536) == pytest.approx(0.0005)
+    assert env.sync_after(0.02, 65536) == pytest.approx(0.002)
+    assert environment(whole, plan).sync_after(1e-6, 65536) == pytest.approx(0.002)
     step = predict_plan(mlp_profile, whole, plan)
     computed = step.data_s + step.compute_s + step.optimizer_s  # each worker's step, side by side
     for long_ago in (computed * 4, computed / 2):
@@ -682,20 +682,21 @@ def test_with_a_core_each_a_step_pays_the_step_probes_sync_at_its_compute(mlp_pr
     mlp_profile = dataclasses.replace(mlp_profile, world_of_one_s={})
     plan = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)
     bare = dataclasses.replace(cluster, compute_sharing={2: 1.0}, sync_s={2: 0.0})
-    probed = dataclasses.replace(bare, step_sync={2: ((0.002, 0.004), (0.0005, 0.001))}, step_sync_bytes=65536)
+    probed = dataclasses.replace(bare, step_sync={2: {65536: ((0.002, 0.004), (0.0005, 0.001))}})
     fit = collective_time(probed, "allreduce", 65536, [0, 1])
     env = environment(probed, plan)
-    assert env.sync_points == (pytest.approx((0.0005, 0.001 - fit)), pytest.approx((0.002, 0.004 - fit)))
-    assert env.sync_after(0.0001) == pytest.approx(0.001 - fit)  # held below the shortest compute
-    assert env.sync_after(0.00125) == pytest.approx(0.0025 - fit)
-    assert env.sync_after(1.0) == pytest.approx(0.004 - fit)  # and above the longest
+    assert env.sync_points == ((65536, (pytest.approx((0.0005, 0.001 - fit)), pytest.approx((0.002, 0.004 - fit)))),)
+    assert env.sync_after(0.0001, 65536) == pytest.approx(0.001 - fit)  # held below the shortest compute
+    assert env.sync_after(0.00125, 65536) == pytest.approx(0.0025 - fit)
+    assert env.sync_after(1.0, 65536) == pytest.approx(0.004 - fit)  # and above the longest
+    assert env.sync_after(0.00125, 2**30) == env.sync_after(0.00125, 16) == env.sync_after(0.00125, 65536)  # one size
     step = predict_plan(mlp_profile, bare, plan)
     computed = step.data_s + step.compute_s + step.optimizer_s
     paid = predict_plan(mlp_profile, probed, plan).comm_s - step.comm_s
-    assert paid == pytest.approx(max(-step.comm_s, env.sync_after(computed)))
+    assert paid == pytest.approx(max(-step.comm_s, env.sync_after(computed, mlp_profile.param_bytes)))
     # a step probe that read far less than the sweep: the collectives cost nothing, never less
-    cheap = dataclasses.replace(probed, step_sync={2: ((0.001, 0.0),)})
-    assert environment(cheap, plan).sync_after(0.001) == pytest.approx(-fit)
+    cheap = dataclasses.replace(probed, step_sync={2: {65536: ((0.001, 0.0),)}})
+    assert environment(cheap, plan).sync_after(0.001, 65536) == pytest.approx(-fit)
     for strategy in ("ddp", "local-sgd", "fsdp"):
         assert predict_plan(mlp_profile, dataclasses.replace(cheap, collectives={}), dataclasses.replace(plan, strategy=strategy)).comm_s >= 0.0
     # one worker, or a profile without the probe (a cluster file, a GPU): sync_s as before; nor nodes
@@ -708,26 +709,57 @@ def test_with_a_core_each_a_step_pays_the_step_probes_sync_at_its_compute(mlp_pr
     assert HardwareProfile.from_dict(json.loads(json.dumps(probed.to_dict()))).step_sync == probed.step_sync
 
 
+def test_a_synchronisation_pays_the_step_probe_at_its_own_bytes(mlp_profile, cluster):
+    """The step probe reduces several message sizes: a synchronisation of n bytes pays the
+    excess over the sweep's fit at each probed size, interpolated between them in the size's
+    logarithm and held beyond them. DDP's step waits on its last bucket, local SGD's on all
+    the parameters at once, a hybrid's replicas on their stage's. A profile written before
+    sizes were probed (one size beside ``step_sync_bytes``) reads as that one size."""
+    mlp_profile = dataclasses.replace(mlp_profile, world_of_one_s={})
+    plan = Plan("local-sgd", workers=2, batch_size=32, dp=2, threads=1)
+    small, large = 2**16, 2**22
+    probed = dataclasses.replace(cluster, compute_sharing={2: 1.0}, sync_s={2: 0.0},
+                                 step_sync={2: {small: ((0.001, 0.002),), large: ((0.001, 0.010),)}})
+    fit = {n: collective_time(probed, "allreduce", n, [0, 1]) for n in (small, large)}
+    env = environment(probed, plan)
+    assert env.sync_after(0.001, small) == pytest.approx(0.002 - fit[small])
+    assert env.sync_after(0.001, large) == pytest.approx(0.010 - fit[large])
+    middle = 2**19  # halfway between 2**16 and 2**22 in the logarithm
+    assert env.sync_after(0.001, middle) == pytest.approx((0.002 - fit[small] + 0.010 - fit[large]) / 2)
+    assert env.sync_after(0.001, 16) == env.sync_after(0.001, small)
+    assert env.sync_after(0.001, 2**30) == env.sync_after(0.001, large)
+    # local SGD averages every parameter in one allreduce: what it pays moves with the bytes
+    one = dataclasses.replace(probed, step_sync={2: {small: ((0.001, 0.002),)}})
+    base = predict_plan(mlp_profile, one, plan)
+    at_bytes = predict_plan(mlp_profile, probed, plan)
+    assert at_bytes.comm_s - base.comm_s == pytest.approx(env.sync_after(base.data_s + base.compute_s + base.optimizer_s, mlp_profile.param_bytes)
+                                                           - environment(one, plan).sync_after(0.0, small), rel=1e-6)
+    # a profile of MEASUREMENT 19-22: one size for every group
+    old = {**probed.to_dict(), "step_sync": {"2": [[0.001, 0.002]]}, "step_sync_bytes": small}
+    assert HardwareProfile.from_dict(old).step_sync == {2: {small: ((0.001, 0.002),)}}
+
+
 def test_a_plan_over_nodes_pays_the_step_probe_taken_across_them(cluster):
     """A profile across nodes keys its step probe over the whole world by the world's size, more
     workers than a node's: a plan over the nodes pays that one, less the sweep's allreduce over
     the same ranks (the link between nodes); a plan within one node its node's probe; a plan over
     nodes of a profile without the world's probe, its node's as before."""
     plan = Plan("ddp", workers=4, batch_size=32, dp=4, threads=1)
+    n = 65536
     across = dataclasses.replace(cluster, nodes=2, workers_per_node=2, compute_sharing={2: 1.0}, sync_s={},
-                                 step_sync={2: ((0.001, 0.0005),), 4: ((0.001, 0.003),)}, step_sync_bytes=65536)
+                                 step_sync={2: {n: ((0.001, 0.0005),)}, 4: {n: ((0.001, 0.003),)}})
     assert tier_of(across, [0, 1, 2, 3]) == "inter" and tier_of(across, [0, 1]) == "intra"
-    world = collective_time(across, "allreduce", 65536, [0, 1, 2, 3])
-    assert environment(across, plan).sync_points == (pytest.approx((0.001, 0.003 - world)),)
-    node = collective_time(across, "allreduce", 65536, [0, 1])
+    world = collective_time(across, "allreduce", n, [0, 1, 2, 3])
+    assert environment(across, plan).sync_points == ((n, (pytest.approx((0.001, 0.003 - world)),)),)
+    node = collective_time(across, "allreduce", n, [0, 1])
     two = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)
-    assert environment(across, two).sync_points == (pytest.approx((0.001, 0.0005 - node)),)
-    without = dataclasses.replace(across, step_sync={2: ((0.001, 0.0005),)})
-    assert environment(without, plan).sync_points == (pytest.approx((0.001, 0.0005 - node)),)
+    assert environment(across, two).sync_points == ((n, (pytest.approx((0.001, 0.0005 - node)),)),)
+    without = dataclasses.replace(across, step_sync={2: {n: ((0.001, 0.0005),)}})
+    assert environment(without, plan).sync_points == ((n, (pytest.approx((0.001, 0.0005 - node)),)),)
     # one worker per node: the node has no probe of its own, the world's is the only one; it ran the
     # workers as the plan runs them, so it holds where 4 emulated nodes share 2 cores too
-    single = dataclasses.replace(across, workers_per_node=1, nodes=4, step_sync={4: ((0.001, 0.003),)})
-    paid = (pytest.approx((0.001, 0.003 - collective_time(single, "allreduce", 65536, [0, 1, 2, 3]))),)
+    single = dataclasses.replace(across, workers_per_node=1, nodes=4, step_sync={4: {n: ((0.001, 0.003),)}})
+    paid = ((n, (pytest.approx((0.001, 0.003 - collective_time(single, "allreduce", n, [0, 1, 2, 3]))),)),)
     assert environment(single, plan).sync_points == paid
     assert environment(dataclasses.replace(single, shared_cores=2), plan).sync_points == paid
 

@@ -72,8 +72,9 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
     buffers, occasional = 0, 0.0
     cost = plan.spec.cost
     step_compute = data + fb + opt  # what each worker computes side by side between synchronisations
-    sync = env.sync_after(step_compute)
     if cost == "ddp":
+        # the step waits after backward for its last bucket (the first blocks' gradients)
+        sync = env.sync_after(step_compute, (ddp_buckets(params, plan.bucket_mb * MB) or [(0, 0)])[-1][0])
         # DDP's own work (autograd hooks, copies into and out of the buckets), measured on a world of one
         comm = max(0.0, _ddp_comm(profile, hw, plan, ranks, bwd, slow) + sync) + profile.overhead_s("ddp") * slow
         buffers = total_params  # flat gradient buckets beside the gradients (gradient_as_bucket_view=False)
@@ -84,7 +85,7 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
         # profile measured for local SGD averaging every step on a world of one
         every = _steps_per_epoch(profile, plan) if plan.average_every == "epoch" else int(plan.average_every)
         local = profile.overhead_s("local-sgd") * slow
-        sync = env.sync_after(step_compute * every)  # K steps since the last averaging
+        sync = env.sync_after(step_compute * every, total_params)  # K steps since the last averaging
         comm = (max(0.0, collective_time(hw, "allreduce", total_params, ranks) + sync) + local) / every
         buffers = total_params
         if every > 2:
@@ -92,7 +93,7 @@ def _data_parallel(profile: ModelProfile, hw: HardwareProfile, plan: Plan) -> Pr
             notes.append(f"averaging amortized over {every} steps; the median step has none")
     elif cost == "fsdp":
         comm, buffers = _fsdp_comm(profile, hw, ranks, bwd, slow)
-        comm = max(0.0, comm + sync)
+        comm = max(0.0, comm + env.sync_after(step_compute, max(params)))  # a unit's collectives end its step
         grads, opt_state = stage_state(profile, 0, len(params), plan.optimizer, plan.momentum, shards=dp)
     elif cost == "shared":  # hogwild: no communication; workers update shared weights in place
         comm = 0.0

@@ -123,7 +123,7 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
         reduce = collective_time(hw, "allreduce", grad_bytes, dp_ranks)  # hybrid: replicas' gradients
         # ... after the replicas computed side by side: their m micro-batches on the rank's stages
         computed = m * sum(fwd[s] + bwd[s] for s in stages) * env.slowdown(env.local_workers)
-        reduce = max(0.0, reduce + env.sync_after(computed)) if plan.dp > 1 else reduce
+        reduce = max(0.0, reduce + env.sync_after(computed, grad_bytes)) if plan.dp > 1 else reduce
         opt = compute.optimizer_time(profile, kind, blocks) / env.speed
         scale = sum(grad_pass[s] for s in stages) * 2 / 3 / env.speed if m > 1 else 0.0
         # the schedule's per-step bookkeeping and gradient scaling, the loop's own, and a hybrid's

@@ -83,19 +83,21 @@ class Env:
     shared_cores: int = 0  # nodes on one machine share its cores (``HardwareProfile.shared_cores``); 0: not
     sync_compute_s: float = 0.0  # the compute per worker before the synchronisation sync_s timed; 0: unknown
     # with no more workers than cores, or over nodes where the profile probed its world across them:
-    # (seconds each computed side by side, what the synchronisation after it cost beyond the
-    # collective's fit), by compute (``environment``); empty: ``sync_s``
-    sync_points: tuple[tuple[float, float], ...] = ()
+    # by the bytes the probe reduced, (seconds each computed side by side, what the synchronisation
+    # after it cost beyond the collective's fit at those bytes), by compute (``environment``); empty: ``sync_s``
+    sync_points: tuple[tuple[int, tuple[tuple[float, float], ...]], ...] = ()
 
-    def sync_after(self, compute_s: float) -> float:
-        """What one synchronisation costs a step whose workers computed ``compute_s`` each,
-        side by side, since their last one, beyond the collective's own cost in the sweep.
+    def sync_after(self, compute_s: float, nbytes: float) -> float:
+        """What one synchronisation of ``nbytes`` costs a step whose workers computed
+        ``compute_s`` each, side by side, since their last one, beyond the collective's own
+        cost in the sweep.
 
         With no more workers than cores, the hardware profile's step probe at that compute
-        (``sync_points``, interpolated, held at its ends; ``HardwareProfile.step_sync``): it
-        may be negative, where a step pays less than the mean of back-to-back calls the sweep
-        fitted (``profile.step_probes.measure_step_sync`` says why). Otherwise ``sync_s``,
-        the probe's cost times ``compute_s`` over the compute it
+        (``sync_points``, interpolated, held at its ends; ``HardwareProfile.step_sync``) and
+        those bytes (between the sizes it probed, linear in their logarithm; held beyond
+        them): it may be negative, where a step pays less than the mean of back-to-back calls
+        the sweep fitted (``profile.step_probes.measure_step_sync`` says why). Otherwise
+        ``sync_s``, the probe's cost times ``compute_s`` over the compute it
         timed it after, at most all of it. The slowest worker's lead grows with how long they
         share the cores: the probe computed 11.4 ms each side by side (4 workers on 2 cores)
         and read 2.9 ms, where the mlp's 4-worker DDP and local SGD steps, 0.6 ms of compute
@@ -104,7 +106,8 @@ class Env:
         18's DDP cells read 7.4% (11.7% whole), local SGD 6.6% (8.4%); issue 17's 8.7% (10.0%)
         and 10.7% (12.7%) (session 59, an AMD EPYC VM)."""
         if self.sync_points:
-            return held_interpolation(self.sync_points, compute_s)
+            by_size = [(math.log(max(n, 1)), held_interpolation(points, compute_s)) for n, points in self.sync_points]
+            return held_interpolation(by_size, math.log(max(nbytes, 1)))
         if self.sync_compute_s <= 0:
             return self.sync_s
         return self.sync_s * min(1.0, compute_s / self.sync_compute_s)
@@ -149,12 +152,14 @@ def environment(hw: HardwareProfile, plan: Plan) -> Env:
     # cores (it ran them as the plan runs), else its node's first ranks'
     across = nodes > 1 and plan.workers in hw.step_sync
     group = plan.workers if across else local
-    steps = hw.step_sync.get(group, ()) if plan.workers > 1 and (across or fits_cores) else ()
-    # the step probe's excess over the sweep's fit of the allreduce it timed (over the same ranks)
-    probe = collective_time(hw, "allreduce", hw.step_sync_bytes, list(range(group))) if steps else 0.0
+    probed = hw.step_sync.get(group, {}) if plan.workers > 1 and (across or fits_cores) else {}
+    points = []  # by size, the step probe's excess over the sweep's fit of the allreduce it timed (same ranks)
+    for n, steps in sorted(probed.items()):
+        fit = collective_time(hw, "allreduce", n, list(range(group)))
+        points.append((n, tuple(sorted((c, excess - fit) for c, excess in steps))))
     return Env(threads, local, nodes, hw.cores_per_node, hw.compute_speed,
                hw.compute_sharing, hw.sync_s.get(local, 0.0) if plan.workers > 1 else 0.0, hw.shared_cores,
-               hw.sync_compute_s.get(local, 0.0), tuple(sorted((c, excess - probe) for c, excess in steps)))
+               hw.sync_compute_s.get(local, 0.0), tuple(points))
 
 
 def _baseline(profile: ModelProfile, hw: HardwareProfile, workers: int) -> dict:

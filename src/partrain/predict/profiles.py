@@ -46,7 +46,8 @@ from partrain.predict.profile_json import JsonProfile, check_fields
 # 20: across nodes, the same over the whole world (``step_sync`` keyed by the world)
 # 21: the step probe's compute is the mean call side by side, not the median (``measure_step_sync``)
 # 22: the step probe's rounds visit every compute length in turn, 5 of them, not 3 of one length after another
-MEASUREMENT = 22
+# 23: the step probe reduces 64 KiB, 1 MiB and 4 MiB (those its link carries in 25 ms), not 64 KiB alone
+MEASUREMENT = 23
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
 # 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.
@@ -122,13 +123,12 @@ class HardwareProfile(JsonProfile):
     # a step that computes less between synchronisations pays that share of it (``Env.sync_after``);
     # empty where not recorded (a cluster file, a profile before it was kept): the whole ``sync_s``
     sync_compute_s: dict[int, float] = field(default_factory=dict)
-    # k workers, no more than the cores -> what a synchronous allreduce of ``step_sync_bytes`` cost a
-    # step after they computed side by side: ((seconds of compute, excess seconds), ...) by compute
+    # k workers, no more than the cores -> bytes -> what a synchronous allreduce of that many bytes cost
+    # a step after they computed side by side: ((seconds of compute, excess seconds), ...) by compute
     # (``profile.step_probes.measure_step_sync``; ``Env.sync_after``); empty where not measured (a GPU,
     # a cluster file, more workers than cores: ``sync_s``). A k beyond workers_per_node is the whole
     # world across the nodes, measured where each node's workers have a core each
-    step_sync: dict[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
-    step_sync_bytes: int = 0
+    step_sync: dict[int, dict[int, tuple[tuple[float, float], ...]]] = field(default_factory=dict)
 
     @property
     def stale(self) -> bool:
@@ -209,8 +209,8 @@ class HardwareProfile(JsonProfile):
             "pipeline_side_by_side_loaded": [list(p) for p in self.pipeline_side_by_side_loaded],
             "busy_sender_s": self.busy_sender_s,
             "sync_compute_s": {str(k): v for k, v in self.sync_compute_s.items()},
-            "step_sync": {str(k): [list(p) for p in points] for k, points in self.step_sync.items()},
-            "step_sync_bytes": self.step_sync_bytes,
+            "step_sync": {str(k): {str(n): [list(p) for p in points] for n, points in by_size.items()}
+                          for k, by_size in self.step_sync.items()},
         }
 
     @classmethod
@@ -236,9 +236,20 @@ class HardwareProfile(JsonProfile):
             tuple(tuple(map(float, p)) for p in d.get("pipeline_side_by_side_loaded", ())),
             float(d.get("busy_sender_s", 0.0)),
             {int(k): float(v) for k, v in d.get("sync_compute_s", {}).items()},
-            {int(k): tuple(tuple(map(float, p)) for p in points) for k, points in d.get("step_sync", {}).items()},
-            int(d.get("step_sync_bytes", 0)),
+            _step_sync(d),
         )
+
+
+def _step_sync(d: dict) -> dict[int, dict[int, tuple[tuple[float, float], ...]]]:
+    """``step_sync`` of a profile's dict: ``{k: {bytes: points}}``, or (MEASUREMENT 19-22) one size
+    for every k, ``{k: points}`` beside ``step_sync_bytes``."""
+    def points(rows) -> tuple[tuple[float, float], ...]:
+        return tuple(tuple(map(float, p)) for p in rows)
+
+    one_size = int(d.get("step_sync_bytes", 0))
+    return {int(k): ({int(n): points(rows) for n, rows in by_size.items()} if isinstance(by_size, dict)
+                     else {one_size: points(by_size)})
+            for k, by_size in d.get("step_sync", {}).items()}
 
 
 @dataclass

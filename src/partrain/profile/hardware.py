@@ -242,8 +242,8 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         compute_sharing=sharing,
         sync_s=sync,
         sync_compute_s=sync_compute,
-        step_sync={int(k): tuple(map(tuple, probe["points"])) for k, probe in raw.get("step_sync", {}).items()},
-        step_sync_bytes=next((probe["message_bytes"] for probe in raw.get("step_sync", {}).values()), 0),
+        step_sync={int(k): {int(size["message_bytes"]): tuple(map(tuple, size["points"])) for size in probe}
+                   for k, probe in raw.get("step_sync", {}).items()},
         notes=raw["notes"],
         other_load=others,
         points=json.loads(json.dumps({**{tier: {str(k): v for k, v in by.items()} for tier, by in raw["tiers"].items()},

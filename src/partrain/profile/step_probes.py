@@ -280,20 +280,35 @@ def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int
 
 
 # compute each worker runs side by side between synchronisations in ``measure_step_sync``, and the
-# bytes it then reduces: a small model's gradients (the gallery's 68-135 KB); the sizes a step's
-# compute spans on a CPU, from a small model's batch (0.5 ms) to a middle one's (8 ms)
+# bytes it then reduces: a small model's gradients (the gallery's 68-135 KB), a small zoo model's
+# (the mlp's 0.94 MB, the cnn's 1.6) and a bucket's worth beyond them; the sizes a step's compute
+# spans on a CPU, from a small model's batch (0.5 ms) to a middle one's (8 ms)
 SYNC_COMPUTES_S = (0.0005, 0.002, 0.008)
-SYNC_BYTES = 64 * 1024
+SYNC_BYTES = (64 * 1024, 2**20, 4 * 2**20)
+# a size whose allreduce alone takes longer than this is not probed (its step is the link's, and a
+# window of ten of them would take seconds: 4 MiB at 100 Mbit/s is 0.35 s a call); the smallest always is
+SYNC_MAX_COLLECTIVE_S = 0.025
 
 
-def measure_step_sync(group, device, computes_s=SYNC_COMPUTES_S, nbytes: int = SYNC_BYTES, window_s: float = 0.25,
-                      rounds: int = 5) -> dict:
+def measure_step_sync(group, device, computes_s=SYNC_COMPUTES_S, sizes=SYNC_BYTES, window_s: float = 0.25,
+                      rounds: int = 5, max_collective_s: float = SYNC_MAX_COLLECTIVE_S) -> list[dict]:
     """What a synchronous allreduce costs a training step after every worker computed side
-    by side, as data-parallel steps end, for each compute length in ``computes_s``: the
-    median step of compute and an allreduce of ``nbytes`` on ``group``, less the mean step
-    of the same compute alone on every rank at once (no collective), on the group's rank 0;
-    each the median of ``rounds`` alternations. Returns {"message_bytes", "points": [[compute
-    seconds measured side by side, excess seconds], ...]}; every rank of ``group`` calls this.
+    by side, as data-parallel steps end, for each compute length in ``computes_s`` and each
+    message size in ``sizes``: the median step of compute and an allreduce of that many bytes
+    on ``group``, less the mean step of the same compute alone on every rank at once (no
+    collective), on the group's rank 0; each the median of ``rounds`` alternations. Returns
+    ``[{"message_bytes", "points": [[compute seconds measured side by side, excess seconds],
+    ...]}, ...]`` by size, the sizes whose allreduce alone took at most ``max_collective_s``
+    (the smallest always); every rank of ``group`` calls this.
+
+    Sizes, because what a step pays beyond the sweep's fit of its allreduce depends on the
+    bytes, not only on the compute before it. Across 2 emulated nodes at 10 Gbit/s (issue 18,
+    session 81) the sweep fitted a 64 KiB allreduce at 1.62 ms and a 1 MiB one at 1.77 (its
+    back-to-back calls' means, a tail of 4 ms waits in them, hide the wire), while a step after
+    0.7 ms of compute paid 1.4 ms for the first and 2.7-3.0 for the second: held at 64 KiB, the
+    mlp's 0.94 MB DDP and local SGD steps (about 1 ms of compute) were predicted 1.1-1.4 ms short,
+    18 of 18 two-worker data-parallel cells over 2x1 nodes under. Over 4x1 the same sizes read
+    as the 64 KiB point and the fit say, within 1.5 ms.
 
     The compute is the mean call, the wall time a worker's compute spans side by side, as the
     predictor's compute is (``Env.slowdown``): where the group outnumbers the cores (emulated
@@ -330,22 +345,41 @@ def measure_step_sync(group, device, computes_s=SYNC_COMPUTES_S, nbytes: int = S
     synchronised: five cost about a minute there, where every allreduce waits 10 ms, and
     seconds with a core each."""
     burn, one = _training_kernel(group, device, rows=1)  # a fine grain: the shortest compute is a few passes
-    buf = torch.ones(max(1, nbytes // 4), device=device)
     rank = dist.get_rank(group)
 
     def steps_of(run, steps: int) -> list[float]:
         dist.barrier(group)
         return _calls(run, steps)  # every rank out of the barrier at once; one untimed call, then the steps
 
+    def slowest(seconds: float) -> float:  # every rank must agree on what it probes and for how long
+        t = torch.tensor([seconds], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return t.item()
+
+    bufs, collective = [], []
+    for n in sorted(sizes):
+        buf = torch.ones(max(1, n // 4), device=device)
+        call = slowest(statistics.median(steps_of(lambda buf=buf: dist.all_reduce(buf, group=group), 5)))
+        if bufs and call > max_collective_s:
+            break
+        bufs.append(buf)
+        collective.append(call)
     passes = [max(1, round(target / one)) for target in computes_s]
-    # the same on every rank: the synced steps end in a collective
-    steps = [max(10, round(window_s / target)) for target in computes_s]
-    free, excess = [[] for _ in computes_s], [[] for _ in computes_s]
-    for _ in range(rounds):  # every length in each round: a slow spell spoils a round of each, not one's median
-        for i, (n, k) in enumerate(zip(passes, steps)):
-            free[i].append(statistics.fmean(steps_of(lambda: burn(n), k)))
-            synced = steps_of(lambda: (burn(n), dist.all_reduce(buf, group=group)), k)
-            excess[i].append(statistics.median(synced) - free[i][-1])
-    points = [[statistics.median(f), statistics.median(e)] for f, e in zip(free, excess)]
+    # a window of each length: its free steps, and as many synced ones as fill it (the same on every rank)
+    free_steps = [max(10, round(window_s / target)) for target in computes_s]
+    free = [[] for _ in computes_s]
+    excess = [[[] for _ in computes_s] for _ in bufs]
+    for _ in range(rounds):  # every length and size in each round: a slow spell spoils a round of each
+        for i, n in enumerate(passes):
+            free[i].append(statistics.fmean(steps_of(lambda: burn(n), free_steps[i])))
+            for j, buf in enumerate(bufs):
+                synced_steps = max(10, round(window_s / (computes_s[i] + collective[j])))
+                synced = steps_of(lambda: (burn(n), dist.all_reduce(buf, group=group)), synced_steps)
+                excess[j][i].append(statistics.median(synced) - free[i][-1])
     dist.barrier(group)
-    return {"message_bytes": buf.numel() * buf.element_size(), "points": points if rank == 0 else []}
+    if rank != 0:
+        return []
+    compute = [statistics.median(f) for f in free]
+    return [{"message_bytes": buf.numel() * buf.element_size(),
+             "points": [[c, statistics.median(e)] for c, e in zip(compute, by_compute)]}
+            for buf, by_compute in zip(bufs, excess)]
