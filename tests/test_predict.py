@@ -685,7 +685,7 @@ def test_with_a_core_each_a_step_pays_the_step_probes_sync_at_its_compute(mlp_pr
     probed = dataclasses.replace(bare, step_sync={2: {65536: ((0.002, 0.004), (0.0005, 0.001))}})
     fit = collective_time(probed, "allreduce", 65536, [0, 1])
     env = environment(probed, plan)
-    assert env.sync_points == ((65536, (pytest.approx((0.0005, 0.001 - fit)), pytest.approx((0.002, 0.004 - fit)))),)
+    assert env.sync_points == ((65536, ((0.0005, 0.001), (0.002, 0.004))),)  # sorted by compute
     assert env.sync_after(0.0001, 65536) == pytest.approx(0.001 - fit)  # held below the shortest compute
     assert env.sync_after(0.00125, 65536) == pytest.approx(0.0025 - fit)
     assert env.sync_after(1.0, 65536) == pytest.approx(0.004 - fit)  # and above the longest
@@ -710,11 +710,12 @@ def test_with_a_core_each_a_step_pays_the_step_probes_sync_at_its_compute(mlp_pr
 
 
 def test_a_synchronisation_pays_the_step_probe_at_its_own_bytes(mlp_profile, cluster):
-    """The step probe reduces several message sizes: a synchronisation of n bytes pays the
-    excess over the sweep's fit at each probed size, interpolated between them in the size's
-    logarithm and held beyond them. DDP's step waits on its last bucket, local SGD's on all
-    the parameters at once, a hybrid's replicas on their stage's. A profile written before
-    sizes were probed (one size beside ``step_sync_bytes``) reads as that one size."""
+    """The step probe reduces several message sizes: a synchronisation of n bytes between two
+    probed sizes pays what the probe paid there, linear in the bytes, less the sweep's fit at n
+    (the caller adds the fit back); beyond them the nearest size's excess over its fit. DDP's
+    step waits on its last bucket, local SGD's on all the parameters at once, a hybrid's
+    replicas on their stage's. A profile written before sizes were probed (one size beside
+    ``step_sync_bytes``) reads as that one size."""
     mlp_profile = dataclasses.replace(mlp_profile, world_of_one_s={})
     plan = Plan("local-sgd", workers=2, batch_size=32, dp=2, threads=1)
     small, large = 2**16, 2**22
@@ -724,9 +725,9 @@ def test_a_synchronisation_pays_the_step_probe_at_its_own_bytes(mlp_profile, clu
     env = environment(probed, plan)
     assert env.sync_after(0.001, small) == pytest.approx(0.002 - fit[small])
     assert env.sync_after(0.001, large) == pytest.approx(0.010 - fit[large])
-    middle = 2**19  # halfway between 2**16 and 2**22 in the logarithm
-    assert env.sync_after(0.001, middle) == pytest.approx((0.002 - fit[small] + 0.010 - fit[large]) / 2)
-    assert env.sync_after(0.001, 16) == env.sync_after(0.001, small)
+    middle = (small + large) // 2
+    assert env.sync_after(0.001, middle) == pytest.approx(0.006 - collective_time(probed, "allreduce", middle, [0, 1]))
+    assert env.sync_after(0.001, 16) == env.sync_after(0.001, small)  # the smallest size's excess over its fit
     assert env.sync_after(0.001, 2**30) == env.sync_after(0.001, large)
     # local SGD averages every parameter in one allreduce: what it pays moves with the bytes
     one = dataclasses.replace(probed, step_sync={2: {small: ((0.001, 0.002),)}})
@@ -750,18 +751,18 @@ def test_a_plan_over_nodes_pays_the_step_probe_taken_across_them(cluster):
                                  step_sync={2: {n: ((0.001, 0.0005),)}, 4: {n: ((0.001, 0.003),)}})
     assert tier_of(across, [0, 1, 2, 3]) == "inter" and tier_of(across, [0, 1]) == "intra"
     world = collective_time(across, "allreduce", n, [0, 1, 2, 3])
-    assert environment(across, plan).sync_points == ((n, (pytest.approx((0.001, 0.003 - world)),)),)
+    assert environment(across, plan).sync_after(0.001, n) == pytest.approx(0.003 - world)
     node = collective_time(across, "allreduce", n, [0, 1])
     two = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)
-    assert environment(across, two).sync_points == ((n, (pytest.approx((0.001, 0.0005 - node)),)),)
+    assert environment(across, two).sync_after(0.001, n) == pytest.approx(0.0005 - node)
     without = dataclasses.replace(across, step_sync={2: {n: ((0.001, 0.0005),)}})
-    assert environment(without, plan).sync_points == ((n, (pytest.approx((0.001, 0.0005 - node)),)),)
+    assert environment(without, plan).sync_after(0.001, n) == pytest.approx(0.0005 - node)
     # one worker per node: the node has no probe of its own, the world's is the only one; it ran the
     # workers as the plan runs them, so it holds where 4 emulated nodes share 2 cores too
     single = dataclasses.replace(across, workers_per_node=1, nodes=4, step_sync={4: {n: ((0.001, 0.003),)}})
-    paid = ((n, (pytest.approx((0.001, 0.003 - collective_time(single, "allreduce", n, [0, 1, 2, 3]))),)),)
-    assert environment(single, plan).sync_points == paid
-    assert environment(dataclasses.replace(single, shared_cores=2), plan).sync_points == paid
+    paid = pytest.approx(0.003 - collective_time(single, "allreduce", n, [0, 1, 2, 3]))
+    assert environment(single, plan).sync_after(0.001, n) == paid
+    assert environment(dataclasses.replace(single, shared_cores=2), plan).sync_after(0.001, n) == paid
 
 
 def test_fsdp_on_cpu_waits_for_every_units_collectives(mlp_profile, cluster):

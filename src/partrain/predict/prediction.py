@@ -8,6 +8,7 @@ Every strategy's cost (``data_parallel``, ``pipeline``, ``predictor``'s serial) 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from partrain.predict import compute
@@ -83,20 +84,26 @@ class Env:
     shared_cores: int = 0  # nodes on one machine share its cores (``HardwareProfile.shared_cores``); 0: not
     sync_compute_s: float = 0.0  # the compute per worker before the synchronisation sync_s timed; 0: unknown
     # with no more workers than cores, or over nodes where the profile probed its world across them:
-    # by the bytes the probe reduced, (seconds each computed side by side, what the synchronisation
-    # after it cost beyond the collective's fit at those bytes), by compute (``environment``); empty: ``sync_s``
+    # by the bytes the probe reduced, (seconds each computed side by side, what the step paid beyond
+    # that compute, its allreduce included), by compute (``environment``); empty: ``sync_s``
     sync_points: tuple[tuple[int, tuple[tuple[float, float], ...]], ...] = ()
+    # seconds the sweep's fit gives an allreduce of n bytes over the probe's ranks (with ``sync_points``)
+    sync_fit: Callable[[float], float] | None = field(default=None, compare=False)
 
     def sync_after(self, compute_s: float, nbytes: float) -> float:
         """What one synchronisation of ``nbytes`` costs a step whose workers computed
         ``compute_s`` each, side by side, since their last one, beyond the collective's own
         cost in the sweep.
 
-        With no more workers than cores, the hardware profile's step probe at that compute
-        (``sync_points``, interpolated, held at its ends; ``HardwareProfile.step_sync``) and
-        those bytes (between the sizes it probed, linear in their logarithm; held beyond
-        them): it may be negative, where a step pays less than the mean of back-to-back calls
-        the sweep fitted (``profile.step_probes.measure_step_sync`` says why). Otherwise
+        With no more workers than cores, what the hardware profile's step probe paid at that
+        compute (``sync_points``, interpolated, held at its ends; ``HardwareProfile.step_sync``)
+        and those bytes (between the sizes it probed, linear in them), less the sweep's fit of
+        that allreduce; beyond the probed sizes, the nearest one's excess over its fit. It may
+        be negative, where a step pays less than the mean of back-to-back calls the sweep
+        fitted (``profile.step_probes.measure_step_sync`` says why). Between probed sizes the
+        probe, not the fit, says what the bytes cost: a sweep's fit over 4 emulated nodes at
+        10 Gbit/s put 1 MiB at 11.1 ms and 1.6 MB at 6.9 (its points' noise), where the probe
+        paid 8.6-11.0 ms for 1 MiB and 12.5-15.9 for 4 MiB after computing. Otherwise
         ``sync_s``, the probe's cost times ``compute_s`` over the compute it
         timed it after, at most all of it. The slowest worker's lead grows with how long they
         share the cores: the probe computed 11.4 ms each side by side (4 workers on 2 cores)
@@ -106,8 +113,9 @@ class Env:
         18's DDP cells read 7.4% (11.7% whole), local SGD 6.6% (8.4%); issue 17's 8.7% (10.0%)
         and 10.7% (12.7%) (session 59, an AMD EPYC VM)."""
         if self.sync_points:
-            by_size = [(math.log(max(n, 1)), held_interpolation(points, compute_s)) for n, points in self.sync_points]
-            return held_interpolation(by_size, math.log(max(nbytes, 1)))
+            paid = [(n, held_interpolation(points, compute_s)) for n, points in self.sync_points]
+            n = min(max(nbytes, paid[0][0]), paid[-1][0])  # beyond the probed sizes, the nearest one's excess
+            return held_interpolation(paid, n) - self.sync_fit(n)
         if self.sync_compute_s <= 0:
             return self.sync_s
         return self.sync_s * min(1.0, compute_s / self.sync_compute_s)
@@ -153,13 +161,11 @@ def environment(hw: HardwareProfile, plan: Plan) -> Env:
     across = nodes > 1 and plan.workers in hw.step_sync
     group = plan.workers if across else local
     probed = hw.step_sync.get(group, {}) if plan.workers > 1 and (across or fits_cores) else {}
-    points = []  # by size, the step probe's excess over the sweep's fit of the allreduce it timed (same ranks)
-    for n, steps in sorted(probed.items()):
-        fit = collective_time(hw, "allreduce", n, list(range(group)))
-        points.append((n, tuple(sorted((c, excess - fit) for c, excess in steps))))
+    points = tuple((n, tuple(sorted(steps))) for n, steps in sorted(probed.items()))
     return Env(threads, local, nodes, hw.cores_per_node, hw.compute_speed,
                hw.compute_sharing, hw.sync_s.get(local, 0.0) if plan.workers > 1 else 0.0, hw.shared_cores,
-               hw.sync_compute_s.get(local, 0.0), tuple(points))
+               hw.sync_compute_s.get(local, 0.0), points,
+               lambda n: collective_time(hw, "allreduce", n, list(range(group))))  # over the probe's ranks
 
 
 def _baseline(profile: ModelProfile, hw: HardwareProfile, workers: int) -> dict:
