@@ -36,6 +36,16 @@ def test_nodes_are_made_and_always_torn_down():
     assert not _ours()
 
 
+def test_a_nodes_collectives_use_its_eth0_whatever_the_environment_passed_on(monkeypatch):
+    """A local run in this process binds gloo to loopback in its environment (``launch``); a
+    copy of that environment passed to a node must not send the node's gloo to 127.0.0.1,
+    where its peer in another namespace is not (a cell across nodes then timed out connecting)."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    with EmulatedNodes(2, tag="v") as nodes:
+        env = nodes.env({"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "PYTHONPATH": "x"})
+    assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"], env["PYTHONPATH"]) == ("eth0", "eth0", "x")
+
+
 def test_namespaces_of_a_killed_harness_are_removed_at_the_next_start():
     dead = f"{netns.PREFIX}999999999-x0"  # a pid no process has
     subprocess.run(["ip", "netns", "add", dead], check=True)

@@ -224,8 +224,10 @@ class EmulatedNodes:
         self.names.clear()
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        """The environment of a process on a node: collectives on eth0."""
-        return {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0", **(extra or {})}
+        """The environment of a process on a node: collectives on eth0, whatever ``extra`` or this
+        process's environment say (a local run in this process binds them to loopback, and a
+        copy of its environment passed on would send a node's gloo to 127.0.0.1)."""
+        return {**os.environ, **(extra or {}), "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}
 
     def command(self, node: int, cmd: list[str]) -> list[str]:
         return ["ip", "netns", "exec", f"{PREFIX}{os.getpid()}-{self.tag}{node}", *cmd]
