@@ -370,11 +370,11 @@ def measure_step_sync(group, device, computes_s=SYNC_COMPUTES_S, sizes=SYNC_BYTE
     free = [[] for _ in computes_s]
     excess = [[[] for _ in computes_s] for _ in bufs]
     for _ in range(rounds):  # every length and size in each round: a slow spell spoils a round of each
-        for i, n in enumerate(passes):
-            free[i].append(statistics.fmean(steps_of(lambda: burn(n), free_steps[i])))
+        for i, reps in enumerate(passes):
+            free[i].append(statistics.fmean(steps_of(lambda: burn(reps), free_steps[i])))
             for j, buf in enumerate(bufs):
                 synced_steps = max(10, round(window_s / (computes_s[i] + collective[j])))
-                synced = steps_of(lambda: (burn(n), dist.all_reduce(buf, group=group)), synced_steps)
+                synced = steps_of(lambda: (burn(reps), dist.all_reduce(buf, group=group)), synced_steps)
                 excess[j][i].append(statistics.median(synced) - free[i][-1])
     dist.barrier(group)
     if rank != 0:
