@@ -268,6 +268,27 @@ def test_a_sweep_times_again_a_point_slower_than_a_larger_message():
     assert sweep(lambda n: n * 1e-6, [4, 1, 2]) == [(4, 4e-6), (1, 1e-6), (2, 2e-6)]  # the order asked for
 
 
+def test_a_sweep_times_again_a_point_far_above_the_line_through_its_neighbours():
+    # a 100 Mbit/s link's ping-pong at 4 KiB, inside 1.5x of 16 KiB's but 2.3x the line through
+    # 1 and 16 KiB (issue 18's run85n); its other profiles read 0.18-0.23 ms
+    first = {1024: 1.0e-4, 4096: 5.0e-4, 16384: 7.1e-4, 65536: 4.67e-3, 2**18: 2.12e-2}
+    again = {4096: [4.9e-4, 2.0e-4]}  # still slow the first time again
+    calls = []
+
+    def time_of(n):
+        calls.append(n)
+        return again[n].pop(0)
+
+    assert sweep(time_of, list(first), first=first) == [(1024, 1.0e-4), (4096, 2.0e-4), (16384, 7.1e-4),
+                                                        (65536, 4.67e-3), (2**18, 2.12e-2)]
+    assert calls == [4096, 4096]  # each of the others lies near its neighbours' line
+    # a size the line does not hold (a collective switching algorithms) keeps its time after its tries
+    step = {16: 1e-4, 64: 1e-4, 256: 6e-4, 1024: 7e-4}
+    calls.clear()
+    assert sweep(lambda n: calls.append(n) or step[n], list(step), first=step) == list(step.items())
+    assert calls == [256, 256]
+
+
 class _Call:
     """One collective call of a fake backend: knows its point, counts the warm-up calls."""
 
