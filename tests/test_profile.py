@@ -120,6 +120,31 @@ def test_world_of_one_strategies_take_turns_and_a_burst_spoils_one_round_only(mo
         probe._time_world_of_one(args)
 
 
+def test_world_of_one_rounds_count_in_multiples_of_the_pace_either_side_of_them(monkeypatch):
+    """A spell of the host from the middle of the second of three rounds on (the windows after the
+    last two read 1.9x) slowed every strategy's steps as it slowed the bare step: the rounds'
+    median would read them 1.45x, the multiples of the windows either side of each round as they are."""
+    import types
+
+    from partrain import train
+    from partrain.profile import probe
+
+    windows = iter([1e-3, 1e-3, 1.9e-3, 1.9e-3])  # before round 1, after rounds 1, 2 and 3
+    paces = iter([1e-3, 1e-3, 1e-3, 1e-3, 1.45e-3, 1.45e-3, 1.45e-3, 1.45e-3, 1.9e-3, 1.9e-3, 1.9e-3, 1.9e-3])
+    base = {"serial": 2.0, "ddp": 2.5, "local-sgd": 2.4, "fsdp": 6.0}  # multiples of the bare step
+
+    def fake(cfg, info, show_progress=True):
+        if cfg.strategy == "hybrid":
+            raise PartrainError("no blocks to cut")
+        return types.SimpleNamespace(step_seconds=[1.0] + [base[cfg.strategy] * next(paces)] * (cfg.steps - 1))
+
+    monkeypatch.setattr(train, "train_worker", fake)
+    args = {"batch_sizes": [4, 16], "world_of_one_steps": 30, "model": "mlp", "dataset": "mnist", "data_dir": None,
+            "synthetic": True, "options": {}, "threads": 1, "run": {"precision": "fp32", "channels_last": False, "compile": False}}
+    assert probe._time_world_of_one(args, between_rounds=lambda: next(windows)) == pytest.approx(base)
+    assert next(windows, None) is None  # one window before the rounds, one after each
+
+
 def test_model_profile_json_round_trip(mlp, tmp_path):
     path = mlp.save(tmp_path / "p.json")
     again = ModelProfile.load(path)

@@ -43,4 +43,6 @@ MEASUREMENT = 24
 # 7: on a CPU, the bare loop at each larger batch size is a multiple of the smallest's step, paired
 #    step by step over the probe's rounds (``pace.paired_ratios``), not one run of its own.
 # 8: the blocks also as one chain, and its backward into gradients already there (``chain_s``).
-MODEL_MEASUREMENT = 8
+# 9: on a CPU, each world-of-one round's steps are multiples of the bare step's windows either side
+#    of it (``probe._time_world_of_one``), not seconds of whatever spell the round ran in.
+MODEL_MEASUREMENT = 9

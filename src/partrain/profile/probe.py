@@ -4,7 +4,8 @@ partrain's own loop costs on a world of one, per strategy, and inside a hybrid's
 wrapper; on a CPU it also times a bare serial loop at every profiled batch size ("bare_loop":
 load a batch, forward, loss, backward, SGD step), each larger size as a multiple of the
 smallest's step, paired step by step in rounds spread over the probe, which ``profile.model``
-turns into the loop's step time there. ``profile.model`` starts it (``measure_memory``) and
+turns into the loop's step time there. Its times are multiples of the bare step at the smallest
+size, timed in windows between its rounds (``profile.pace``), times the median window. ``profile.model`` starts it (``measure_memory``) and
 folds its figures into the profile.
 
 On a GPU (``cuda_probe``, run in the profiler's own process: the allocator's peaks reset, and
@@ -98,10 +99,10 @@ def baseline_probe() -> None:
         out["train_peaks"].append(_status_bytes("VmHWM"))
     ratios: dict[int, list[float]] = {b: [] for b in sizes[1:]}
 
-    def bare_round() -> None:
-        """A window of the machine's pace, then every larger size's bare step against the
-        smallest's, pair by pair (``pace.paired_ratios``): one round before the world-of-one runs,
-        one after each of their rounds, one after the replica wrapper. The window comes first,
+    def bare_round() -> float:
+        """A window of the machine's pace (its seconds returned), then every larger size's bare
+        step against the smallest's, pair by pair (``pace.paired_ratios``): one round before the
+        world-of-one runs, one after each of their rounds, one after the replica wrapper. The window comes first,
         after other work, as the profiler's do: taken after the pairs, on caches they had just
         warmed, the probe's windows read faster than the profiler's (the traced gallery model:
         the probe's figures scaled by 1.08-1.57 in three profiles, its serial loop predicted
@@ -109,16 +110,20 @@ def baseline_probe() -> None:
         pace.sample()
         for b in ratios:
             ratios[b] += paired_ratios(steps[b], pace.step, BARE_LOOP_TARGET_S / BARE_LOOP_ROUNDS)
+        return pace.windows[-1]
 
-    bare_round()
-    n = args["world_of_one_steps"]
-    out["world_of_one"] = _time_world_of_one(args, after_round=bare_round) if n else {}
+    n, multiples = args["world_of_one_steps"], {}
+    if n:  # every strategy's step as a multiple of the bare step's windows between its rounds
+        multiples = _time_world_of_one(args, between_rounds=bare_round)
+    else:
+        bare_round()
     x, y = train_set.get(torch.arange(sizes[0]) % len(train_set))
     out["replica_wrapper"] = _time_replica_wrapper(args, x, y, max(2, n // 2)) if n else 0.0
     bare_round()
     out["pace"] = pace.windows
     smallest = statistics.median(pace.windows)
     out["bare_loop"] = [smallest] + [smallest * statistics.median(ratios[b]) for b in sizes[1:]]
+    out["world_of_one"] = {strategy: smallest * m for strategy, m in multiples.items()}
     print(json.dumps(out))
 
 
@@ -216,17 +221,27 @@ def world_of_one_steps(step_s: float) -> int:
     return min(WORLD_OF_ONE_MAX_STEPS, max(2, round(WORLD_OF_ONE_TARGET_S / max(step_s, 1e-9))))
 
 
-def _time_world_of_one(args: dict, after_round: Callable[[], None] = lambda: None) -> dict[str, float]:
+def _time_world_of_one(args: dict, between_rounds: Callable[[], float] = lambda: 1.0) -> dict[str, float]:
     """Step time of partrain's own training loop (``train.train_worker``, as a benchmark cell
     runs it) on a world of one, per strategy in ``WORLD_OF_ONE``, at the smallest profiled
-    batch size: what each strategy's machinery costs beyond the serial loop, which the
-    blocks' times cannot show. Runs in the probe process, after the memory figures were taken.
+    batch size, as a multiple of the machine's pace: what each strategy's machinery costs
+    beyond the serial loop, which the blocks' times cannot show. Runs in the probe process,
+    after the memory figures were taken.
 
     The strategies take turns over up to ``WORLD_OF_ONE_ROUNDS`` rounds that share the steps,
     and each keeps the median of its rounds (of each round, the lower of its halves' medians):
     a burst of other work spoils one round, not the figure. With one pass of about 0.1 s per
     strategy, one profile of the traced gallery model read DDP at 1.62 ms over the serial loop
-    at batch 4, where four others read 0.34-0.40 ms."""
+    at batch 4, where four others read 0.34-0.40 ms.
+
+    A round takes about half a second, and a spell of the host (``profile.pace``) lasts one to
+    four: ``between_rounds`` is called before the first round and after each, and returns a
+    window of the machine's pace then (the bare step's seconds); each round's step times count
+    as multiples of the mean of the windows either side of it. Issue 17's run87u took the
+    tokens3d and traced gallery models' profiles with two of the three rounds in a spell (the
+    windows after them 1.5x and 1.9x the rest): the rounds' median read their serial loop at
+    1.56x and 1.73x the bare step it is (0.97-1.06x in twenty other profiles), and the one-worker
+    cells 42-68% over. The default (no windows): the rounds' step times as they are."""
     from partrain.config import RunConfig
     from partrain.train import train_worker
 
@@ -237,6 +252,7 @@ def _time_world_of_one(args: dict, after_round: Callable[[], None] = lambda: Non
                 evaluate=False, threads=args["threads"], workers=1,
                 **{k: args["run"][k] for k in ("precision", "channels_last", "compile")})
     medians: dict[str, list[float]] = {strategy: [] for strategy in WORLD_OF_ONE}
+    windows = [between_rounds()]
     for _ in range(rounds):
         for strategy in list(medians):  # WORLD_OF_ONE's order, less those that could not run
             try:
@@ -247,9 +263,10 @@ def _time_world_of_one(args: dict, after_round: Callable[[], None] = lambda: Non
                 del medians[strategy]  # not measured: the predictor counts no overhead for it
                 continue
             medians[strategy].append(lower_half_median(result.step_seconds[WORLD_OF_ONE_WARMUP:]))
-        after_round()
+        windows.append(between_rounds())
     torch.set_num_threads(args["threads"])
-    return {strategy: statistics.median(times) for strategy, times in medians.items()}
+    pace = [(before + after) / 2 for before, after in zip(windows, windows[1:])]  # one per round
+    return {strategy: statistics.median(t / p for t, p in zip(times, pace)) for strategy, times in medians.items()}
 
 
 def _time_replica_wrapper(args: dict, x: torch.Tensor, y: torch.Tensor, steps: int) -> float:
