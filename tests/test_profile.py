@@ -304,14 +304,17 @@ def test_a_sweep_times_again_a_point_far_above_the_line_through_its_neighbours()
         calls.append(n)
         return again[n].pop(0)
 
-    assert sweep(time_of, list(first), first=first) == [(1024, 1.0e-4), (4096, 2.0e-4), (16384, 7.1e-4),
-                                                        (65536, 4.67e-3), (2**18, 2.12e-2)]
+    timed_again: dict = {}
+    assert sweep(time_of, list(first), first=first, timed_again=timed_again) == [
+        (1024, 1.0e-4), (4096, 2.0e-4), (16384, 7.1e-4), (65536, 4.67e-3), (2**18, 2.12e-2)]
     assert calls == [4096, 4096]  # each of the others lies near its neighbours' line
+    assert timed_again == {4096: [5.0e-4, 2.0e-4]}  # what the profile keeps: the first time and the one kept
     # a size the line does not hold (a collective switching algorithms) keeps its time after its tries
     step = {16: 1e-4, 64: 1e-4, 256: 6e-4, 1024: 7e-4}
     calls.clear()
-    assert sweep(lambda n: calls.append(n) or step[n], list(step), first=step) == list(step.items())
-    assert calls == [256, 256]
+    timed_again.clear()
+    assert sweep(lambda n: calls.append(n) or step[n], list(step), first=step, timed_again=timed_again) == list(step.items())
+    assert calls == [256, 256] and timed_again == {256: [6e-4, 6e-4]}
 
 
 class _Call:

@@ -130,7 +130,7 @@ def interleaved(makes: dict, sizes: list[int], time_once=_time_once, trials: int
 
 
 def sweep(time_of, sizes: list[int], slack: float = 1.5, margin_s: float = 50e-6, retries: int = 2,
-          first: dict[int, float] | None = None) -> list[tuple[int, float]]:
+          first: dict[int, float] | None = None, timed_again: dict | None = None) -> list[tuple[int, float]]:
     """``[(n, time_of(n))]`` over ``sizes``, where a size that took longer than ``slack`` times a
     larger size, or than ``slack`` times the line through the sizes either side of it (and
     ``margin_s`` more, either way), is timed again, up to ``retries`` times, the shortest time kept.
@@ -152,14 +152,17 @@ def sweep(time_of, sizes: list[int], slack: float = 1.5, margin_s: float = 50e-6
     2,472 points sat that far above their neighbours' line, about 2 a profile, a second to time
     again. ``time_of`` returns the same value on every rank (``_timed`` takes the slowest), so
     every rank times the same sizes again. ``first``: the sizes' times taken already
-    (``interleaved``)."""
+    (``interleaved``); ``timed_again``, where given, gets ``{n: [first time, time kept]}`` for
+    every size timed again, so that a profile shows where the rules fired."""
     times = dict(first) if first is not None else {n: time_of(n) for n in sizes}
 
     def again(n: int, bound: float) -> None:
         for _ in range(retries):
             if times[n] <= slack * bound + margin_s:
                 return
-            times[n] = min(times[n], time_of(n))
+            was, times[n] = times[n], min(times[n], time_of(n))
+            if timed_again is not None:
+                timed_again[n] = [timed_again.get(n, [was])[0], times[n]]
 
     floor = math.inf  # the shortest time of any larger size
     for n in sorted(sizes, reverse=True):
@@ -211,8 +214,9 @@ def background_load(enabled: bool):
 
 
 def measure_collectives(group, group_ranks: list[int], pair: tuple[int, int] | None, sizes: list[int], device,
-                        alone) -> tuple[dict, list[str]]:
-    """Every rank of the world calls this; returns ({collective: [(bytes, seconds)]}, notes).
+                        alone) -> tuple[dict, list[str], dict]:
+    """Every rank of the world calls this; returns ({collective: [(bytes, seconds)]}, notes,
+    {collective: {bytes: [first seconds, seconds kept]}} of the sizes ``sweep`` timed again).
 
     The ranks of ``group_ranks`` run the collectives on ``group``; ranks outside it, if
     any, keep a core busy and join the barriers (``background_load``); ``pair`` runs the
@@ -224,7 +228,7 @@ def measure_collectives(group, group_ranks: list[int], pair: tuple[int, int] | N
         return _measure_collectives(group, group_ranks, pair, sizes, device, alone)
 
 
-def _measure_collectives(group, group_ranks, pair, sizes, device, alone) -> tuple[dict, list[str]]:
+def _measure_collectives(group, group_ranks, pair, sizes, device, alone) -> tuple[dict, list[str], dict]:
     inside = dist.get_rank() in group_ranks
     makes: dict[str, object] = {}  # name -> make(n): one call of n bytes (a round trip for sendrecv)
     halves = {"sendrecv": 2}  # a ping-pong's one-way time is half its round trip
@@ -243,13 +247,14 @@ def _measure_collectives(group, group_ranks, pair, sizes, device, alone) -> tupl
         makes[name] = make
     first = interleaved(makes, sizes)
     results: dict[str, list[tuple[int, float]]] = {}
+    again: dict[str, dict[int, list[float]]] = {}
     for name, make in makes.items():
         half = halves.get(name, 1)
         results[name] = sweep(lambda n, make=make, half=half: _timed(make(n), repeats_for(n)) / half, sizes,
-                              first={n: first[name, n] / half for n in sizes})
+                              first={n: first[name, n] / half for n in sizes}, timed_again=again.setdefault(name, {}))
     # a unit's step costs 3 collectives and more: the fit carries it past 16 MiB
     results["fsdp_unit"] = [(n, _fsdp_unit_cost(n, group, alone, inside, device)) for n in sizes if n <= 16 * 2**20]
-    return results, notes
+    return results, notes, {name: by_size for name, by_size in again.items() if by_size}
 
 
 def measure_link_alone(pair: tuple[int, int], sizes: list[int], device) -> list[tuple[int, float]]:
