@@ -113,6 +113,7 @@ class Suite:
     microbatches: tuple[int, ...] = ()  # empty: the strategy's default (2 x stages)
     lrs: tuple[float, ...] = (0.01,)
     repeats: int = 1
+    rerun_over: float = 0.0  # a cell whose repeats lie further apart runs again (``runner.far_apart``); 0: never
     warmup_steps: int = 5
     steps: int | None = 20
     min_seconds: float = 0.0
@@ -193,6 +194,7 @@ _SCHEMA: dict[str, tuple[type | tuple, bool, tuple | None]] = {
     "microbatches": (int, True, _POSITIVE),
     "lrs": ((int, float), True, (lambda v: math.isfinite(v) and v > 0, "a finite number > 0")),
     "repeats": (int, False, _POSITIVE),
+    "rerun_over": ((int, float), False, (lambda v: math.isfinite(v) and 0 <= v <= 10, "in 0..10 (0.15: 15% apart)")),
     "warmup_steps": (int, False, (lambda v: v >= 0, "0 or more")),
     "steps": (int, False, _POSITIVE),
     "min_seconds": ((int, float), False, (lambda v: math.isfinite(v) and 0 <= v <= 3600, "in 0..3600")),
@@ -250,6 +252,8 @@ def suite_from_dict(raw: dict, source: str) -> Suite:
         raise PartrainError(f"{source}: give steps (measured steps after warm-up) or epochs, not both")
     if "epochs" in fields:
         fields["steps"] = None
+    if fields.get("rerun_over") and fields.get("repeats", 1) < 2:
+        raise PartrainError(f"{source}: rerun_over compares a cell's repeats with each other: set repeats to 2 or more")
     if fields.get("min_seconds") and ("epochs" in fields or "scratch" in fields.get("engine", ())):
         raise PartrainError(f"{source}: min_seconds lengthens the torch engine's runs of steps: "
                             + ("give steps, not epochs" if "epochs" in fields else "leave out the scratch engine"))

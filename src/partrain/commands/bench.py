@@ -60,6 +60,10 @@ def add_bench_parser(sub) -> None:
                    help="run every cell N times, minutes apart, instead of the suite's repeats: validate holds each "
                    "cell at the median of its runs, reports how far they spread, and counts a pick the runs cannot "
                    "order from the fastest as a tie")
+    p.add_argument("--rerun-over", type=float, metavar="F",
+                   help="with repeats: run a cell once more (twice at most), after the others, where its repeats' step "
+                   "times lie more than F apart (0.15: the slowest 15%% over the fastest), instead of the suite's "
+                   "rerun_over: validate holds it at the median of its runs")
     p.add_argument("--list", action="store_true", help="print the suite's cells and exit; runs and stores nothing")
     p.add_argument("--quiet", action="store_true", help="no progress and no table")
     from partrain.config import add_options
@@ -76,7 +80,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise PartrainError("give a suite file or --suite quick|thesis, one of the two")
     suite = load_suite(args.suite_file) if args.suite_file else builtin_suite(args.suite, fingerprint())
     given = {"precisions": (args.precision,) if args.precision else None,
-             "channels_last": args.channels_last or None, "compile": args.compile or None, "repeats": args.repeats}
+             "channels_last": args.channels_last or None, "compile": args.compile or None, "repeats": args.repeats,
+             "rerun_over": args.rerun_over}
     if any(v is not None for v in given.values()):
         suite = suite.replace(**{k: v for k, v in given.items() if v is not None})
     if args.list:
