@@ -78,6 +78,26 @@ def test_bench_profile_takes_what_validate_looks_up_before_the_first_cell_that_n
     assert asked == [recorded[0]] and len(report.cases) == 8
 
 
+def test_cells_run_again_run_beside_the_profiles_taken_for_their_first_repeats(tmp_path, recorded, monkeypatch):
+    """rerun_over: the repeats run again after every cell take no profile again (a profile taken
+    again would leave the earlier cells beside another one)."""
+    first = runner.measure
+    slower = [1.0, 1.5, 1.05, 1.0]  # the second repeat in a slow spell: two more runs, twice at most
+
+    def measure(cell, *a, **k):
+        out = first(cell, *a, **k)
+        out.figures["step_seconds_median"] *= slower[cell.repeat]
+        return out
+
+    monkeypatch.setattr(runner, "measure", measure)
+    suite = suite_from_dict({"models": ["mlp"], "strategies": ["ddp"], "workers": [2], "synthetic": True,
+                             "repeats": 2, "rerun_over": 0.15}, "t")
+    with Store(tmp_path / "s.sqlite") as store:
+        run_suite(suite, store, show_progress=False, profile=True)
+        assert sorted(r["repeat"] for r in store.rows()) == [0, 1, 2, 3]
+    assert [e[0] for e in recorded] == ["model", "hardware", "cell", "cell", "cell", "cell"]
+
+
 def test_bench_profile_takes_nothing_when_every_cell_was_measured_before(tmp_path, recorded):
     suite = suite_from_dict({"models": ["mlp"], "strategies": ["ddp"], "workers": [2], "synthetic": True}, "t")
     with Store(tmp_path / "s.sqlite") as store:

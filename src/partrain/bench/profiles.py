@@ -28,6 +28,7 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from partrain.bench.suite import Cell
@@ -57,14 +58,14 @@ class ProfilesBeside:
         ``earlier``: the store's rows (those measured on this hardware count, as in ``validate``)."""
         configs = [cfg for _, cfg in runnable] + [row_config(r) for r in measured_rows(earlier, hardware_hash)]
         self.wanted = batch_sizes_by_profile((profile_key(cfg), cfg) for cfg in configs)
-        self.config = dict(runnable)
+        self.config = {replace(cell, repeat=0): cfg for cell, cfg in runnable}  # a cell's repeats run as one
         self.directory, self.data_dir, self.say = directory, data_dir, say
         self.done: set = set()
         self.paces: dict = {}  # profile key -> (its pace step, where the profile is), CPU profiles kept
         self.sampled: dict = {}  # profile key -> when its last pace window was timed (perf_counter)
 
     def before(self, cell: Cell) -> None:
-        cfg = self.config.get(cell)
+        cfg = self.config.get(replace(cell, repeat=0))
         if cfg is None:  # refused: it stores its reason and predicts nothing
             return
         key, setup_s = profile_key(cfg), 0.0

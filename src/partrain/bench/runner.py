@@ -54,19 +54,61 @@ def run_suite(suite: Suite, store: Store, *, force: bool = False, data_dir: str 
               show_progress: bool = True, profile_dir: str | None = None, profile: bool = False) -> list[str]:
     """Measure every cell of ``suite`` into ``store``; returns the cells' keys in suite order,
     then those of the cells run again (``far_apart``, where the suite sets ``rerun_over``)."""
-    def run(cells: list[Cell]) -> list[str]:
-        return run_cells(cells, store, suite_name=suite.name, data_dir=data_dir or suite.data_dir,
-                         timeout=suite.timeout, force=force, show_progress=show_progress,
-                         link_profile_mb=suite.profile_max_mb, profile_dir=profile_dir, profile=profile)
+    return run_cells(suite.cells(), store, suite_name=suite.name, data_dir=data_dir or suite.data_dir,
+                     timeout=suite.timeout, force=force, show_progress=show_progress,
+                     link_profile_mb=suite.profile_max_mb, profile_dir=profile_dir, profile=profile,
+                     rerun_over=suite.rerun_over)
 
-    cells = suite.cells()
-    keys = run(cells)
-    for _ in range(RERUNS if suite.rerun_over else 0):  # after every cell: minutes from its other repeats
-        again = far_apart(cells, {row["cell_key"]: row for row in store.rows(keys)}, fingerprint().hash,
-                          suite.rerun_over)
-        if not again:
-            break
-        cells, keys = cells + again, keys + run(again)
+
+def run_cells(cells: list[Cell], store: Store, *, suite_name: str, data_dir: str | None, timeout: float,
+              force: bool = False, show_progress: bool = True, link_profile_mb: float = 4.0,
+              profile_dir: str | None = None, profile: bool = False, rerun_over: float = 0.0) -> list[str]:
+    """Measure ``cells`` one after the other, storing each as soon as it finished.
+
+    A cell already measured (status ok) on this hardware is not run again unless ``force``;
+    a cell that cannot run is stored as skipped, one that crashes or times out as failed or
+    timeout, and the next cell goes on. Returns the cells' keys, in order. Cells across
+    emulated nodes are refused, before any runs, where no namespaces can be made; before
+    the first of each placement and link runs, that link is profiled (``bench.nodes``).
+    ``profile``: the model and hardware profiles ``validate`` needs are taken into
+    ``profile_dir`` right before the first cell that needs them (``bench.profiles``).
+    ``rerun_over``: then, up to ``RERUNS`` times, one more repeat of each cell whose repeats
+    lie further apart than that (``far_apart``), beside the same profiles; their keys follow.
+    """
+    if reason := nodes.refusal(cells):
+        raise PartrainError(reason)
+    hardware, commit = fingerprint(), git_commit()
+    keys = []
+    with CellProgress(len(cells), show_progress) as progress:
+        beside = ProfilesBeside(_runnable(cells, data_dir, timeout), store.rows(), hardware.hash, profile_dir, data_dir,
+                                progress.console.print if show_progress else lambda text: None) if profile else None
+
+        def run(cell: Cell) -> None:
+            key = cell.key(hardware.hash)
+            keys.append(key)
+            if not force and store.measured(key):
+                progress.end(cell, None)
+                return
+            progress.begin(cell)
+            if cell.nodes and (failed := nodes.ensure_link_profile(cell, run_processes, link_profile_mb, timeout,
+                                                                   profile_dir, progress.refresh)):
+                progress.console.print(f"partrain: {failed}; its cells run, validate cannot predict them")
+            if beside:
+                beside.before(cell)
+            outcome = measure(cell, data_dir, timeout, progress.refresh)
+            store.record(cell, hardware, outcome, suite_name, commit)
+            progress.end(cell, outcome)
+
+        for cell in cells:
+            run(cell)
+        for _ in range(RERUNS if rerun_over else 0):  # after every cell: minutes from its other repeats
+            again = far_apart(cells, {row["cell_key"]: row for row in store.rows(keys)}, hardware.hash, rerun_over)
+            if not again:
+                break
+            progress.more(len(again))
+            cells = cells + again
+            for cell in again:
+                run(cell)
     return keys
 
 
@@ -89,44 +131,6 @@ def far_apart(cells: list[Cell], rows: dict[str, dict], hardware_hash: str, over
         if max(times) > (1 + over) * min(times):
             more.append(dataclasses.replace(runs[0], repeat=max(cell.repeat for cell in runs) + 1))
     return more
-
-
-def run_cells(cells: list[Cell], store: Store, *, suite_name: str, data_dir: str | None, timeout: float,
-              force: bool = False, show_progress: bool = True, link_profile_mb: float = 4.0,
-              profile_dir: str | None = None, profile: bool = False) -> list[str]:
-    """Measure ``cells`` one after the other, storing each as soon as it finished.
-
-    A cell already measured (status ok) on this hardware is not run again unless ``force``;
-    a cell that cannot run is stored as skipped, one that crashes or times out as failed or
-    timeout, and the next cell goes on. Returns the cells' keys, in order. Cells across
-    emulated nodes are refused, before any runs, where no namespaces can be made; before
-    the first of each placement and link runs, that link is profiled (``bench.nodes``).
-    ``profile``: the model and hardware profiles ``validate`` needs are taken into
-    ``profile_dir`` right before the first cell that needs them (``bench.profiles``).
-    """
-    if reason := nodes.refusal(cells):
-        raise PartrainError(reason)
-    hardware, commit = fingerprint(), git_commit()
-    keys = []
-    with CellProgress(len(cells), show_progress) as progress:
-        beside = ProfilesBeside(_runnable(cells, data_dir, timeout), store.rows(), hardware.hash, profile_dir, data_dir,
-                                progress.console.print if show_progress else lambda text: None) if profile else None
-        for cell in cells:
-            key = cell.key(hardware.hash)
-            keys.append(key)
-            if not force and store.measured(key):
-                progress.end(cell, None)
-                continue
-            progress.begin(cell)
-            if cell.nodes and (failed := nodes.ensure_link_profile(cell, run_processes, link_profile_mb, timeout,
-                                                                   profile_dir, progress.refresh)):
-                progress.console.print(f"partrain: {failed}; its cells run, validate cannot predict them")
-            if beside:
-                beside.before(cell)
-            outcome = measure(cell, data_dir, timeout, progress.refresh)
-            store.record(cell, hardware, outcome, suite_name, commit)
-            progress.end(cell, outcome)
-    return keys
 
 
 def _runnable(cells: list[Cell], data_dir: str | None, timeout: float) -> list[tuple[Cell, RunConfig]]:
@@ -314,6 +318,10 @@ class CellProgress:
     def refresh(self) -> None:
         if self.enabled:
             self.bar.refresh()
+
+    def more(self, n: int) -> None:
+        """``n`` more cells to run than counted at the start (cells run again)."""
+        self.bar.update(self.task, total=self.bar.tasks[0].total + n)
 
     def end(self, cell: Cell, outcome: Outcome | None) -> None:
         """``outcome`` None: the cell was measured before and not run again."""
