@@ -5,8 +5,8 @@ wrapper; on a CPU it also times a bare serial loop at every profiled batch size 
 load a batch, forward, loss, backward, SGD step), each larger size as a multiple of the
 smallest's step, paired step by step in rounds spread over the probe, which ``profile.model``
 turns into the loop's step time there. Its times are multiples of the bare step at the smallest
-size, timed in windows between its rounds (``profile.pace``), times the median window. ``profile.model`` starts it (``measure_memory``) and
-folds its figures into the profile.
+size, timed in windows between its rounds (``profile.pace``), times the median window.
+``profile.model`` starts it (``measure_memory``) and folds its figures into the profile.
 
 On a GPU (``cuda_probe``, run in the profiler's own process: the allocator's peaks reset, and
 count from what that process holds) the memory is the CUDA caching allocator's: the bytes the model's
@@ -100,13 +100,13 @@ def baseline_probe() -> None:
     ratios: dict[int, list[float]] = {b: [] for b in sizes[1:]}
 
     def bare_round() -> float:
-        """A window of the machine's pace (its seconds returned), then every larger size's bare
-        step against the smallest's, pair by pair (``pace.paired_ratios``): one round before the
-        world-of-one runs, one after each of their rounds, one after the replica wrapper. The window comes first,
-        after other work, as the profiler's do: taken after the pairs, on caches they had just
-        warmed, the probe's windows read faster than the profiler's (the traced gallery model:
-        the probe's figures scaled by 1.08-1.57 in three profiles, its serial loop predicted
-        +35% to +113%)."""
+        """A window of the machine's pace (its seconds returned), then every larger size's bare step
+        against the smallest's, pair by pair (``pace.paired_ratios``): one round before the
+        world-of-one runs, one after each of their rounds, one after the replica wrapper. The
+        window comes first, after other work, as the profiler's do: taken after the pairs, on
+        caches they had just warmed, the probe's windows read faster than the profiler's (the
+        traced gallery model: the probe's figures scaled by 1.08-1.57 in three profiles, its
+        serial loop predicted +35% to +113%)."""
         pace.sample()
         for b in ratios:
             ratios[b] += paired_ratios(steps[b], pace.step, BARE_LOOP_TARGET_S / BARE_LOOP_ROUNDS)
@@ -222,26 +222,26 @@ def world_of_one_steps(step_s: float) -> int:
 
 
 def _time_world_of_one(args: dict, between_rounds: Callable[[], float] = lambda: 1.0) -> dict[str, float]:
-    """Step time of partrain's own training loop (``train.train_worker``, as a benchmark cell
-    runs it) on a world of one, per strategy in ``WORLD_OF_ONE``, at the smallest profiled
-    batch size, as a multiple of the machine's pace: what each strategy's machinery costs
-    beyond the serial loop, which the blocks' times cannot show. Runs in the probe process,
-    after the memory figures were taken.
+    """Step time of partrain's own training loop (``train.train_worker``, as a benchmark cell runs
+    it) on a world of one, per strategy in ``WORLD_OF_ONE``, at the smallest profiled batch size,
+    as a multiple of the machine's pace: what each strategy's machinery costs beyond the serial
+    loop, which the blocks' times cannot show. Runs in the probe process, after the memory
+    figures were taken.
 
-    The strategies take turns over up to ``WORLD_OF_ONE_ROUNDS`` rounds that share the steps,
-    and each keeps the median of its rounds (of each round, the lower of its halves' medians):
-    a burst of other work spoils one round, not the figure. With one pass of about 0.1 s per
-    strategy, one profile of the traced gallery model read DDP at 1.62 ms over the serial loop
-    at batch 4, where four others read 0.34-0.40 ms.
+    The strategies take turns over up to ``WORLD_OF_ONE_ROUNDS`` rounds that share the steps, and
+    each keeps the median of its rounds (of each round, the lower of its halves' medians): a burst
+    of other work spoils one round, not the figure. With one pass of about 0.1 s per strategy, one
+    profile of the traced gallery model read DDP at 1.62 ms over the serial loop at batch 4, where
+    four others read 0.34-0.40 ms.
 
-    A round takes about half a second, and a spell of the host (``profile.pace``) lasts one to
-    four: ``between_rounds`` is called before the first round and after each, and returns a
-    window of the machine's pace then (the bare step's seconds); each round's step times count
-    as multiples of the mean of the windows either side of it. Issue 17's run87u took the
-    tokens3d and traced gallery models' profiles with two of the three rounds in a spell (the
-    windows after them 1.5x and 1.9x the rest): the rounds' median read their serial loop at
-    1.56x and 1.73x the bare step it is (0.97-1.06x in twenty other profiles), and the one-worker
-    cells 42-68% over. The default (no windows): the rounds' step times as they are."""
+    A round takes about half a second, and a spell of the host (``profile.pace``) lasts one to four:
+    ``between_rounds`` is called before the first round and after each, and returns a window of the
+    machine's pace then (the bare step's seconds); each round's step times count as multiples of the
+    mean of the windows either side of it. Issue 17's run87u took the tokens3d and traced gallery
+    models' profiles with two of the three rounds in a spell (the windows after them 1.5x the rest
+    in one, 1.8-1.9x in the other): the rounds' median read their serial loop at 1.56x and 1.73x the
+    bare step it is (0.97-1.06x in twenty other profiles), and the one-worker cells 42-68% over. The
+    default (no windows): the rounds' step times as they are."""
     from partrain.config import RunConfig
     from partrain.train import train_worker
 
