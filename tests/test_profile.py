@@ -143,6 +143,10 @@ def test_world_of_one_rounds_count_in_multiples_of_the_pace_either_side_of_them(
             "synthetic": True, "options": {}, "threads": 1, "run": {"precision": "fp32", "channels_last": False, "compile": False}}
     assert probe._time_world_of_one(args, between_rounds=lambda: next(windows)) == pytest.approx(base)
     assert next(windows, None) is None  # one window before the rounds, one after each
+    # a short spell in one window between two rounds that ran at the usual pace moves neither
+    windows = iter([1e-3, 1e-3, 1.64e-3, 1e-3])
+    paces = iter([1e-3] * 12)
+    assert probe._time_world_of_one(args, between_rounds=lambda: next(windows)) == pytest.approx(base)
 
 
 def test_model_profile_json_round_trip(mlp, tmp_path):
