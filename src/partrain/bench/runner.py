@@ -14,7 +14,6 @@ own per-step clock after warm-up, never from the process's wall time.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -72,8 +71,8 @@ def run_cells(cells: list[Cell], store: Store, *, suite_name: str, data_dir: str
     the first of each placement and link runs, that link is profiled (``bench.nodes``).
     ``profile``: the model and hardware profiles ``validate`` needs are taken into
     ``profile_dir`` right before the first cell that needs them (``bench.profiles``).
-    ``rerun_over``: then, up to ``RERUNS`` times, one more repeat of each cell whose repeats
-    lie further apart than that (``far_apart``), beside the same profiles; their keys follow.
+    ``rerun_over``: then, up to ``RERUNS`` times, one more repeat of each cell whose runs are
+    not settled within that (``far_apart``), beside the same profiles; their keys follow.
     """
     if reason := nodes.refusal(cells):
         raise PartrainError(reason)
@@ -119,9 +118,9 @@ def far_apart(cells: list[Cell], rows: dict[str, dict], hardware_hash: str, over
     the 2-vCPU VM a core runs at one of two speeds in spells of seconds to minutes, and the mlp's
     2-stage 1F1B over 2 emulated nodes at 10 Gbit/s read 7.08 and 5.14 ms in its two repeats
     (issue 18, run86n); a third puts the median on the two that agree."""
-    repeats: dict[str, list[Cell]] = {}
-    for cell in cells:
-        repeats.setdefault(json.dumps(cell.identity(), sort_keys=True), []).append(cell)
+    repeats: dict[Cell, list[Cell]] = {}
+    for cell in cells:  # a cell's repeats differ in their repeat index alone
+        repeats.setdefault(dataclasses.replace(cell, repeat=0), []).append(cell)
     more = []
     for runs in repeats.values():
         found = [rows.get(cell.key(hardware_hash)) for cell in runs]
