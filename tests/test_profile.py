@@ -432,6 +432,10 @@ def test_a_hardware_profile_of_3_workers_fits_the_pipeline_over_all_of_them(tmp_
     step_s, hop_s = hw.pipeline_world
     assert step_s >= 0.0 and 0.0 <= hop_s <= max(s["step_s"] for s in steps)
     assert hw.runtime_of(1, 3) == (step_s, hop_s, (0, 1), True)
+    # a step's synchronisation after computing, probed for every group of workers side by side,
+    # more than the cores too (3 on 2 cores: the plan's 3 workers share them as the probe's did)
+    assert set(hw.step_sync) == {2, 3} and all(len(points) == len(SYNC_COMPUTES_S)
+                                               for by_size in hw.step_sync.values() for points in by_size.values())
     # then over stages that compute more: 8 micro-batches, 5 rounds, stages that take longer each time
     loaded = probe["loaded"]
     assert [p["message_bytes"] for p in loaded] == [rows * width * 4 for rows, width, _ in LOADS]
@@ -459,17 +463,16 @@ def test_hardware_profile_measures_every_collective(tmp_path):
     assert hw.compute_sharing[2] >= 1.0 and hw.sync_s[2] >= 0.0
     probe = hw.points["compute_sharing"]["2"]
     assert probe["alone_s"] > 0 and probe["together_s"] > 0 and probe["synced_s"] > 0
-    # two workers on at least 2 cores: a step's synchronisation after each of three compute lengths,
-    # rising, for each message size the link carries within the cap (the smallest always); the
-    # excess of a median step over its compute may be negative
-    if hw.cores_per_node >= 2:
-        sizes = sorted(hw.step_sync[2])
-        assert sizes == list(SYNC_BYTES[:len(sizes)]) and sizes[0] == SYNC_BYTES[0]
-        for n, points in hw.step_sync[2].items():
-            assert len(points) == len(SYNC_COMPUTES_S) and all(c > 0 for c, _ in points)
-            assert [c for c, _ in points] == sorted(c for c, _ in points) and points[-1][0] > 4 * points[0][0]
-        assert [(size["message_bytes"], size["points"]) for size in hw.points["step_sync"]["2"]] == \
-            [(n, [list(p) for p in points]) for n, points in hw.step_sync[2].items()]
+    # a step's synchronisation after each of three compute lengths, rising, for each message size
+    # the link carries within the cap (the smallest always); the excess of a median step over its
+    # compute may be negative
+    sizes = sorted(hw.step_sync[2])
+    assert sizes == list(SYNC_BYTES[:len(sizes)]) and sizes[0] == SYNC_BYTES[0]
+    for n, points in hw.step_sync[2].items():
+        assert len(points) == len(SYNC_COMPUTES_S) and all(c > 0 for c, _ in points)
+        assert [c for c, _ in points] == sorted(c for c, _ in points) and points[-1][0] > 4 * points[0][0]
+    assert [(size["message_bytes"], size["points"]) for size in hw.points["step_sync"]["2"]] == \
+        [(n, [list(p) for p in points]) for n, points in hw.step_sync[2].items()]
     # the pipeline probe: each step time the median of its rounds, all kept; both schedules, 4 and 8 micro-batches
     steps = hw.points["pipeline"]["steps"]
     assert sorted((s["schedule"], s["microbatches"]) for s in steps) == [("1f1b", 4), ("1f1b", 8), ("gpipe", 4), ("gpipe", 8)]

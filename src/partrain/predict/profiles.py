@@ -81,11 +81,12 @@ class HardwareProfile(JsonProfile):
     # a step that computes less between synchronisations pays that share of it (``Env.sync_after``);
     # empty where not recorded (a cluster file, a profile before it was kept): the whole ``sync_s``
     sync_compute_s: dict[int, float] = field(default_factory=dict)
-    # k workers, no more than the cores -> bytes -> what a synchronous allreduce of that many bytes cost
-    # a step after they computed side by side: ((seconds of compute, excess seconds), ...) by compute
+    # k workers -> bytes -> what a synchronous allreduce of that many bytes cost a step after they
+    # computed side by side: ((seconds of compute, excess seconds), ...) by compute
     # (``profile.step_probes.measure_step_sync``; ``Env.sync_after``); empty where not measured (a GPU,
-    # a cluster file, more workers than cores: ``sync_s``). A k beyond workers_per_node is the whole
-    # world across the nodes, measured where each node's workers have a core each
+    # a cluster file, a profile before MEASUREMENT 25 for more workers than cores: ``sync_s``). A k
+    # beyond workers_per_node is the whole world across the nodes, measured where each node's
+    # workers have a core each
     step_sync: dict[int, dict[int, tuple[tuple[float, float], ...]]] = field(default_factory=dict)
 
     @property

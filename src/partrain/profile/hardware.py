@@ -123,7 +123,7 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
             group = dist.new_group(list(range(k)))  # every rank creates every group
             if info.rank < k:
                 out["compute_sharing"][k] = measure_compute_sharing(group, device)
-                if device.type == "cpu" and k <= machine().cpu_cores:  # beyond the cores: ``sync_s``
+                if device.type == "cpu":  # beyond the cores too: the probe's compute is the mean call
                     out["step_sync"][k] = measure_step_sync(group, device)
             dist.barrier()
         if info.world_size > info.local_world_size:
@@ -187,9 +187,14 @@ def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dic
     an allreduce started from a step's end costs over one in a tight loop (DDP's 0.67-0.91
     ms against 0.35 ms), which the collective costs the strategies pay already hold: counted,
     it over-predicted the gallery's 2-worker DDP and local SGD cells by 24-45% and turned the
-    top-1 hit rate over issue 17's suite from 100% to 75% (issue 17). With a core each, what a
-    step pays is the step probe's instead (``HardwareProfile.step_sync``): its one-element
-    token passes without the wake-ups a real gradient's allreduce waits for."""
+    top-1 hit rate over issue 17's suite from 100% to 75% (issue 17). What a step pays is the
+    step probe's instead (``HardwareProfile.step_sync``), with a core each or not: this probe's
+    one-element token passes without the wake-ups a real gradient's allreduce waits for, and
+    it times one compute length, which ``Env.sync_after`` scaled in proportion. Scaled, issue
+    17's small gallery models on 4 workers over 2 cores (2-8 ms of compute side by side, their
+    gradients 68-135 KB) were predicted 1.5-3.6 ms a step short, every 4-worker data-parallel
+    cell under (runs run88u, run90u); the step probe at 4 workers read 4.6-5.8 ms of excess
+    after 1.4-4.3 ms of compute where the scaled figure and the sweep's fit made 4.3-5.3."""
     sharing, sync, compute = {}, {}, {}
     for k, t in probes.items():
         k = int(k)
