@@ -192,9 +192,10 @@ def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dic
     one-element token passes without the wake-ups a real gradient's allreduce waits for, and
     it times one compute length, which ``Env.sync_after`` scaled in proportion. Scaled, issue
     17's small gallery models on 4 workers over 2 cores (2-8 ms of compute side by side, their
-    gradients 68-135 KB) were predicted 1.5-3.6 ms a step short, every 4-worker data-parallel
-    cell under (runs run88u, run90u); the step probe at 4 workers read 4.6-5.8 ms of excess
-    after 1.4-4.3 ms of compute where the scaled figure and the sweep's fit made 4.3-5.3."""
+    gradients 68-135 KB) were predicted 1.5-3.6 ms a step short, all 24 of their 4-worker
+    data-parallel cells 8-30% under (runs run88u, run90u; gpt's, 27-76 ms a step, within
+    5%); the step probe at 4 workers read 4.6-5.8 ms of excess after 1.4-4.3 ms of compute,
+    where the scaled figure and the sweep's fit made 4.2-5.1."""
     sharing, sync, compute = {}, {}, {}
     for k, t in probes.items():
         k = int(k)
