@@ -709,6 +709,28 @@ def test_with_a_core_each_a_step_pays_the_step_probes_sync_at_its_compute(mlp_pr
     assert HardwareProfile.from_dict(json.loads(json.dumps(probed.to_dict()))).step_sync == probed.step_sync
 
 
+def test_more_workers_than_cores_pay_the_step_probe_of_as_many_workers(cluster):
+    """On one machine whose workers outnumber its cores (4 on 2) a synchronisation costs what
+    the step probe of 4 workers paid after as much compute side by side (MEASUREMENT 25), less
+    the sweep's allreduce over them; a profile without that probe (measured before it, a
+    cluster file) pays ``sync_s`` in proportion to the compute, as before."""
+    n = 65536
+    plan = Plan("ddp", workers=4, batch_size=32, dp=4, threads=1)
+    old = dataclasses.replace(cluster, nodes=1, workers_per_node=4, cores_per_node=2, shared_cores=0,
+                              compute_sharing={2: 1.0, 4: 2.3}, sync_s={4: 0.002}, sync_compute_s={4: 0.008},
+                              step_sync={2: {n: ((0.001, 0.0005),)}})
+    assert environment(old, plan).sync_points == ()
+    assert environment(old, plan).sync_after(0.004, n) == pytest.approx(0.001)  # half the probe's compute, half its cost
+    probed = dataclasses.replace(old, step_sync={**old.step_sync, 4: {n: ((0.001, 0.004), (0.004, 0.006))}})
+    env = environment(probed, plan)
+    fit = collective_time(probed, "allreduce", n, [0, 1, 2, 3])
+    assert env.sync_after(0.0025, n) == pytest.approx(0.005 - fit)
+    assert env.sync_after(0.1, n) == pytest.approx(0.006 - fit)  # held beyond the longest compute
+    # two of those workers: the probe of two, not of four
+    assert environment(probed, Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)).sync_after(0.001, n) == \
+        pytest.approx(0.0005 - collective_time(probed, "allreduce", n, [0, 1]))
+
+
 def test_a_synchronisation_pays_the_step_probe_at_its_own_bytes(mlp_profile, cluster):
     """The step probe reduces several message sizes: a synchronisation of n bytes between two
     probed sizes pays what the probe paid there, linear in the bytes, less the sweep's fit at n

@@ -83,7 +83,8 @@ class Env:
     sync_s: float
     shared_cores: int = 0  # nodes on one machine share its cores (``HardwareProfile.shared_cores``); 0: not
     sync_compute_s: float = 0.0  # the compute per worker before the synchronisation sync_s timed; 0: unknown
-    # with no more workers than cores, or over nodes where the profile probed its world across them:
+    # on one machine (more workers than cores too, since MEASUREMENT 25), or over nodes where the
+    # profile probed its world across them:
     # by the bytes the probe reduced, (seconds each computed side by side, what the step paid beyond
     # that compute, its allreduce included), by compute (``environment``); empty: ``sync_s``
     sync_points: tuple[tuple[int, tuple[tuple[float, float], ...]], ...] = ()
@@ -95,7 +96,7 @@ class Env:
         ``compute_s`` each, side by side, since their last one, beyond the collective's own
         cost in the sweep.
 
-        With no more workers than cores, what the hardware profile's step probe paid at that
+        Where the hardware profile's step probe ran these workers, what it paid at that
         compute (``sync_points``, interpolated, held at its ends; ``HardwareProfile.step_sync``)
         and those bytes (between the sizes it probed, linear in them), less the sweep's fit of
         that allreduce; beyond the probed sizes, the nearest one's excess over its fit. It may
