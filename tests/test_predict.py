@@ -731,6 +731,22 @@ def test_more_workers_than_cores_pay_the_step_probe_of_as_many_workers(cluster):
         pytest.approx(0.0005 - collective_time(probed, "allreduce", n, [0, 1]))
 
 
+def test_a_step_probe_point_below_the_one_before_it_is_held_at_that_one(cluster):
+    """What a step pays after computing rises with the compute: a probe's point below the
+    point of less compute before it reads as that point (run92u's 2-worker probe: 1.39 ms
+    after 0.7 ms of compute, 0.98 after 2.1, 1.83 after 7.7); the profile keeps what it measured."""
+    n = 65536
+    plan = Plan("ddp", workers=2, batch_size=32, dp=2, threads=1)
+    dipped = ((0.0007, 0.00139), (0.0021, 0.00098), (0.0077, 0.00183))
+    probed = dataclasses.replace(cluster, compute_sharing={2: 1.0}, sync_s={2: 0.0}, step_sync={2: {n: dipped}})
+    env = environment(probed, plan)
+    fit = collective_time(probed, "allreduce", n, [0, 1])
+    assert env.sync_points == ((n, ((0.0007, 0.00139), (0.0021, 0.00139), (0.0077, 0.00183))),)
+    assert env.sync_after(0.0021, n) == pytest.approx(0.00139 - fit)
+    assert env.sync_after(0.0049, n) == pytest.approx(0.00161 - fit)  # halfway up to the last point
+    assert probed.step_sync[2][n] == dipped
+
+
 def test_a_synchronisation_pays_the_step_probe_at_its_own_bytes(mlp_profile, cluster):
     """The step probe reduces several message sizes: a synchronisation of n bytes between two
     probed sizes pays what the probe paid there, linear in the bytes, less the sweep's fit at n

@@ -195,6 +195,16 @@ def held_interpolation(points, x: float) -> float:
     return points[-1][1]
 
 
+def nondecreasing(points) -> tuple:
+    """``points`` ((x, y) pairs, sorted by x) with each y raised to at least the one before it
+    (a running maximum): for a curve that cannot fall, a dip is the noise of its measurement."""
+    top, out = float("-inf"), []
+    for x, y in points:
+        top = max(top, y)
+        out.append((x, top))
+    return tuple(out)
+
+
 def default_sizes(max_bytes: int = 64 * 2**20) -> list[int]:
     """Powers of four from 16 bytes up to ``max_bytes``."""
     sizes, n = [], 16
