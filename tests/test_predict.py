@@ -720,7 +720,8 @@ def test_more_workers_than_cores_pay_the_step_probe_of_as_many_workers(cluster):
                               compute_sharing={2: 1.0, 4: 2.3}, sync_s={4: 0.002}, sync_compute_s={4: 0.008},
                               step_sync={2: {n: ((0.001, 0.0005),)}})
     assert environment(old, plan).sync_points == ()
-    assert environment(old, plan).sync_after(0.004, n) == pytest.approx(0.001)  # half the probe's compute, half its cost
+    # half the compute the probe timed its cost after: half that cost
+    assert environment(old, plan).sync_after(0.004, n) == pytest.approx(0.001)
     probed = dataclasses.replace(old, step_sync={**old.step_sync, 4: {n: ((0.001, 0.004), (0.004, 0.006))}})
     env = environment(probed, plan)
     fit = collective_time(probed, "allreduce", n, [0, 1, 2, 3])

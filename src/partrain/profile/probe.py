@@ -237,11 +237,11 @@ def _time_world_of_one(args: dict, between_rounds: Callable[[], float] = lambda:
     A round takes about half a second, and a spell of the host (``profile.pace``) lasts one to four:
     ``between_rounds`` is called before the first round and after each, and returns a window of the
     machine's pace then (the bare step's seconds); each round's step times count as multiples of the
-    median of the windows either side of it and of all the windows. Issue 17's run87u took the tokens3d and traced gallery
-    models' profiles with two of the three rounds in a spell (the windows after them 1.5x the rest
-    in one, 1.8-1.9x in the other): the rounds' median read their serial loop at 1.56x and 1.73x the
-    bare step it is (0.97-1.06x in twenty other profiles), and the one-worker cells 42-68% over. The
-    default (no windows): the rounds' step times as they are."""
+    median of the windows either side of it and of all the windows. Issue 17's run87u took the
+    tokens3d and traced gallery models' profiles with two of the three rounds in a spell (the
+    windows after them 1.5x the rest in one, 1.8-1.9x in the other): the rounds' median read their
+    serial loop at 1.56x and 1.73x the bare step it is (0.97-1.06x in twenty other profiles), and
+    the one-worker cells 42-68% over. The default (no windows): the rounds' step times as they are."""
     from partrain.config import RunConfig
     from partrain.train import train_worker
 
