@@ -907,6 +907,29 @@ def test_the_cpu_loop_grows_as_the_bare_loop_and_serial_steps_reproduce_it(mlp_p
         assert serial.seconds_per_step == pytest.approx(loop, rel=1e-9)
 
 
+def test_each_micro_batch_pays_what_the_loop_pays_over_its_parts_at_that_size(mlp_profile, cluster):
+    """Where the serial loop ran longer than its parts at a batch size by more than it did at the
+    smallest (the whole step's activations outgrow the cache its blocks ran in alone), a
+    pipeline's micro-batch of that size pays the difference, every pass: a one-worker pipeline of
+    two micro-batches of 16 pays twice the loop's extra at 16. A loop faster than its parts adds
+    nothing, and the smallest batch's excess (once a step) is not paid again per micro-batch."""
+    hw = dataclasses.replace(cluster, compute_speed=1.0, compute_sharing={}, sync_s={})
+    parts = [compute.parts_step(mlp_profile, b, "sgd-momentum") for b in mlp_profile.batch_sizes]
+    assert mlp_profile.batch_sizes == [4, 16]
+
+    def with_loop(extra_at_16: float):
+        return dataclasses.replace(mlp_profile, loop_s=[parts[0] + 0.0004, parts[1] + 0.0004 + extra_at_16])
+
+    plan = Plan("hybrid", workers=1, batch_size=32, microbatches=2, schedule="1f1b", threads=1)
+    flat = predict_plan(with_loop(0.0), hw, plan).seconds_per_step
+    assert compute.in_step_factor(with_loop(0.0), 16) == pytest.approx(1.0)
+    assert predict_plan(with_loop(0.0015), hw, plan).seconds_per_step - flat == pytest.approx(2 * 0.0015)
+    assert predict_plan(with_loop(-0.0015), hw, plan).seconds_per_step == pytest.approx(flat)
+    assert compute.in_step_factor(with_loop(0.0015), 4) == pytest.approx(1.0)
+    on_gpu = dataclasses.replace(with_loop(0.0015), device="NVIDIA H100 80GB HBM3")  # its loop overlaps launches
+    assert compute.in_step_factor(on_gpu, 16) == 1.0
+
+
 def test_a_one_worker_pipeline_pays_the_runtime_measured_on_a_world_of_one(mlp_profile, cluster):
     """All stages on one worker: no hop, no other rank; what the pipelining runtime adds is the
     profile's hybrid loop on a world of one over its serial loop, less what the prediction

@@ -172,6 +172,26 @@ def loop_time(profile: ModelProfile, b: float | None = None) -> float:
     return max(0.0, ran - parts_step(profile, profile.world_of_one_batch, "sgd-momentum"))
 
 
+def in_step_factor(profile: ModelProfile, b: float) -> float:
+    """How much longer a pipeline stage's blocks take on a micro-batch of ``b`` inside a training
+    step than timed alone (``stage_times``): the serial loop's excess over its parts at ``b``
+    (``loop_time``) beyond that excess at the smallest profiled batch (the per-step constant, paid
+    once a step, not per micro-batch), over those parts' blocks and loss. Where the whole step's
+    activations outgrow the cache its blocks ran in alone, every micro-batch pass pays it, as a
+    serial step does once at its batch. Issue 17's tuple_out (an 8 MB head): its loop ran 0.8-1.0
+    ms over its parts at 64 rows in three profiles, 0.1-0.2 at 4; its one-worker hybrid at batch
+    128 (two micro-batches of 64) was predicted 20-25% under its measure in all three passes and
+    2-13% under its serial twin, which it ran as fast as. Never below 1 (on a CPU a loop faster
+    than its parts is noise); 1 where the loop was not timed, and on a GPU, whose loop overlaps
+    the launches its separately synchronised parts each paid (``loop_time``), a saving no stage
+    was measured to share."""
+    if not profile.loop_s or profile.on_gpu:
+        return 1.0
+    fwd, bwd = stage_times(profile, [(0, len(profile.blocks))], b)
+    excess = loop_time(profile, b) - loop_time(profile, profile.batch_sizes[0])
+    return 1.0 + max(0.0, excess) / (fwd[0] + bwd[0]) if fwd[0] + bwd[0] > 0 else 1.0
+
+
 def world_of_one_pipeline_time(profile: ModelProfile, microbatches: int = 2) -> float:
     """What the pipelining runtime adds to a step of this model whose stages all run on one
     worker (a one-worker hybrid: no messages, no other rank): partrain's hybrid loop on a world

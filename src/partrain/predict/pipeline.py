@@ -85,8 +85,16 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     # schedule divides every gradient by m (scale_grads): one read and one write, 2/3 of that pass
     grad_pass = [compute.gradient_pass_time(profile, range(*bounds[s])) for s in range(n)]
 
+    # every micro-batch pass pays what the whole step pays over its parts at that size (the cache)
+    in_step = compute.in_step_factor(profile, b)
+    hot = compute.stage_times(profile, bounds, b, plan.recompute)
+    hot = tuple([t * in_step for t in times] for times in hot)
+
     def actions(cold: bool) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        fwd, bwd = compute.stage_times(profile, bounds, b, plan.recompute, cold=cold)
+        fwd, bwd = hot
+        if cold:  # from caches another worker wrote over: never less than in the step
+            fwd, bwd = ([max(t, h) for t, h in zip(times, warm)] for times, warm in
+                        zip(compute.stage_times(profile, bounds, b, plan.recompute, cold=True), hot))
         return (tuple(t / env.speed + action for t in fwd),
                 tuple((t + grad_pass[s] * (m - 1) / m) / env.speed + action for s, t in enumerate(bwd)))
 
