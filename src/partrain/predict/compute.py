@@ -188,8 +188,11 @@ def in_step_factor(profile: ModelProfile, b: float) -> float:
     if not profile.loop_s or profile.on_gpu:
         return 1.0
     fwd, bwd = stage_times(profile, [(0, len(profile.blocks))], b)
+    blocks_and_loss = fwd[0] + bwd[0]
+    if blocks_and_loss <= 0:
+        return 1.0
     excess = loop_time(profile, b) - loop_time(profile, profile.batch_sizes[0])
-    return 1.0 + max(0.0, excess) / (fwd[0] + bwd[0]) if fwd[0] + bwd[0] > 0 else 1.0
+    return 1.0 + max(0.0, excess) / blocks_and_loss
 
 
 def world_of_one_pipeline_time(profile: ModelProfile, microbatches: int = 2) -> float:

@@ -87,14 +87,13 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
 
     # every micro-batch pass pays what the whole step pays over its parts at that size (the cache)
     in_step = compute.in_step_factor(profile, b)
-    hot = compute.stage_times(profile, bounds, b, plan.recompute)
-    hot = tuple([t * in_step for t in times] for times in hot)
+    hot_fwd, hot_bwd = ([t * in_step for t in times] for times in compute.stage_times(profile, bounds, b, plan.recompute))
 
     def actions(cold: bool) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        fwd, bwd = hot
+        fwd, bwd = hot_fwd, hot_bwd
         if cold:  # from caches another worker wrote over: never less than in the step
-            fwd, bwd = ([max(t, h) for t, h in zip(times, warm)] for times, warm in
-                        zip(compute.stage_times(profile, bounds, b, plan.recompute, cold=True), hot))
+            cold_fwd, cold_bwd = compute.stage_times(profile, bounds, b, plan.recompute, cold=True)
+            fwd, bwd = [max(c, h) for c, h in zip(cold_fwd, fwd)], [max(c, h) for c, h in zip(cold_bwd, bwd)]
         return (tuple(t / env.speed + action for t in fwd),
                 tuple((t + grad_pass[s] * (m - 1) / m) / env.speed + action for s, t in enumerate(bwd)))
 
