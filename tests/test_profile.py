@@ -19,6 +19,7 @@ from partrain.profile import model as model_module
 from partrain.profile.cache import load_or_profile
 from partrain.profile.collectives import interleaved, repeats_for, sweep
 from partrain.profile.hardware import fit_measurements, group_sizes, profile_hardware
+from partrain.profile.pipeline_fits import fit_message_cpu
 from partrain.profile.step_probes import SYNC_BYTES, SYNC_COMPUTES_S
 from partrain.profile.model import profile_model
 from partrain.profile.step_probes import LOADS
@@ -478,6 +479,10 @@ def test_hardware_profile_measures_every_collective(tmp_path):
     assert sorted((s["schedule"], s["microbatches"]) for s in steps) == [("1f1b", 4), ("1f1b", 8), ("gpipe", 4), ("gpipe", 8)]
     for s in steps:
         assert len(s["rounds_s"]) == 9 and s["step_s"] == statistics.median(s["rounds_s"]) > 0
+        # each rank's CPU a step: its actions' and messages' at most, never more than the step's wall time by much
+        assert len(s["cpu_s"]) == 2 and all(0 < c < 2 * s["step_s"] for c in s["cpu_s"])
+    # a message's CPU, from the CPU that 8 micro-batches take over 4: fitted, and held by the profile
+    assert hw.pipeline_message_cpu_s == fit_message_cpu(hw.points["pipeline"], hw.pipeline_action_s) >= 0
     # two workers: no replicas' pipelines to run side by side, and the one pipeline over both is the probe's own
     assert hw.pipeline_side_by_side is None and "pipeline_side_by_side" not in hw.points
     assert hw.pipeline_world is None and "pipeline_world" not in hw.points

@@ -89,20 +89,26 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     in_step = compute.in_step_factor(profile, b)
     hot_fwd, hot_bwd = ([t * in_step for t in times] for times in compute.stage_times(profile, bounds, b, plan.recompute))
 
+    # each action's worker posts and waits on its messages itself: per tensor received or sent
+    # (a forward from and to its neighbours, a backward the gradients of their floating tensors)
+    sent = [(profile.blocks[e - 1].out_tensors, profile.blocks[e - 1].out_floats) for _, e in bounds]
+    msg = 0.0 if alone else hw.pipeline_message_cpu_s
+    posts_fwd = [msg * ((sent[s - 1][0] if s > 0 else 0) + (sent[s][0] if s < n - 1 else 0)) for s in range(n)]
+    posts_bwd = [msg * ((sent[s][1] if s < n - 1 else 0) + (sent[s - 1][1] if s > 0 else 0)) for s in range(n)]
+
     def actions(cold: bool) -> tuple[tuple[float, ...], tuple[float, ...]]:
         fwd, bwd = hot_fwd, hot_bwd
         if cold:  # from caches another worker wrote over: never less than in the step
             cold_fwd, cold_bwd = compute.stage_times(profile, bounds, b, plan.recompute, cold=True)
             fwd, bwd = [max(c, h) for c, h in zip(cold_fwd, fwd)], [max(c, h) for c, h in zip(cold_bwd, bwd)]
-        return (tuple(t / env.speed + action for t in fwd),
-                tuple((t + grad_pass[s] * (m - 1) / m) / env.speed + action for s, t in enumerate(bwd)))
+        return (tuple(t / env.speed + action + posts_fwd[s] for s, t in enumerate(fwd)),
+                tuple((t + grad_pass[s] * (m - 1) / m) / env.speed + action + posts_bwd[s] for s, t in enumerate(bwd)))
 
     cold = runs_cold(plan, env)
     fwd, bwd = actions(cold=False)
     fwd_cold, bwd_cold = actions(cold=True) if cold else ((), ())
     rank = lambda s: (s % plan.pp) * plan.dp  # noqa: E731  (global rank of replica 0's stage s)
     out = [compute.at(profile, profile.blocks[e - 1].out_bytes, b) for _, e in bounds]
-    sent = [(profile.blocks[e - 1].out_tensors, profile.blocks[e - 1].out_floats) for _, e in bounds]
     # per stage, (bytes, from, to) of the message it sends on: none (0 bytes) past either end
     ahead = [(out[s], rank(s), rank(s + 1)) if s < n - 1 else (0.0, 0, 0) for s in range(n)]
     back = [(out[s - 1], rank(s), rank(s - 1)) if s > 0 else (0.0, 0, 0) for s in range(n)]

@@ -88,6 +88,10 @@ class HardwareProfile(JsonProfile):
     # beyond workers_per_node is the whole world across the nodes, measured where each node's
     # workers have a core each
     step_sync: dict[int, dict[int, tuple[tuple[float, float], ...]]] = field(default_factory=dict)
+    # the CPU a stage's worker spends on each message it sends or receives between stages (posting
+    # it, waiting on it: ``profile.pipeline_fits.fit_message_cpu``), on top of ``pipeline_action_s``;
+    # 0 where not measured (a GPU, a cluster file, a profile before MEASUREMENT 26)
+    pipeline_message_cpu_s: float = 0.0
 
     @property
     def stale(self) -> bool:
@@ -170,6 +174,7 @@ class HardwareProfile(JsonProfile):
             "sync_compute_s": {str(k): v for k, v in self.sync_compute_s.items()},
             "step_sync": {str(k): {str(n): [list(p) for p in points] for n, points in by_size.items()}
                           for k, by_size in self.step_sync.items()},
+            "pipeline_message_cpu_s": self.pipeline_message_cpu_s,
         }
 
     @classmethod
@@ -196,6 +201,7 @@ class HardwareProfile(JsonProfile):
             float(d.get("busy_sender_s", 0.0)),
             {int(k): float(v) for k, v in d.get("sync_compute_s", {}).items()},
             _step_sync(d),
+            float(d.get("pipeline_message_cpu_s", 0.0)),
         )
 
 

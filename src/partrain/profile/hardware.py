@@ -24,7 +24,13 @@ from partrain.predict.fits import CostFit, default_sizes, fit_cost
 from partrain.predict.machine import fingerprint as machine
 from partrain.predict.profiles import HardwareProfile
 from partrain.profile.collectives import background_load, measure_collectives, measure_link_alone
-from partrain.profile.pipeline_fits import fit_busy_sender, fit_loads, fit_pipeline_runtime, world_runs_cold
+from partrain.profile.pipeline_fits import (
+    fit_busy_sender,
+    fit_loads,
+    fit_message_cpu,
+    fit_pipeline_runtime,
+    world_runs_cold,
+)
 from partrain.profile.step_probes import (
     measure_compute_sharing,
     measure_pair_loaded,
@@ -226,12 +232,13 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         raw = spawn(hardware_worker, (sizes, backend, threads), workers)[0]
         others = others_share(before, cpu_seconds(), time.perf_counter() - started)  # the workers are waited-for children
     links, collectives = fit_measurements(raw)
-    step_s, hop_s = fit_pipeline_runtime(raw["pipeline_probe"], raw["pipeline_action_s"])
+    cuda = raw["backend"] == "nccl"  # a GPU's host posts its messages while the device computes
+    message_cpu_s = 0.0 if cuda else fit_message_cpu(raw["pipeline_probe"], raw["pipeline_action_s"])
+    step_s, hop_s = fit_pipeline_runtime(raw["pipeline_probe"], raw["pipeline_action_s"], message_cpu_s=message_cpu_s)
     side, world = raw.get("pipeline_side_by_side"), raw.get("pipeline_world")
     here = machine()
     sharing, sync, sync_compute = fit_compute_sharing(raw["compute_sharing"], here.cpu_cores)
     local = raw["local_world_size"]
-    cuda = raw["backend"] == "nccl"
     hw = HardwareProfile(
         fingerprint=here.hash,
         description=here.describe(),
@@ -247,6 +254,7 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         pipeline_action_s=raw["pipeline_action_s"],
         pipeline_step_s=step_s,
         pipeline_hop_s=hop_s,
+        pipeline_message_cpu_s=message_cpu_s,
         compute_sharing=sharing,
         sync_s=sync,
         sync_compute_s=sync_compute,
@@ -264,7 +272,8 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
     )
     hw.busy_sender_s = fit_busy_sender(hw)  # then the probes over more stages, with their messages delayed so
     fit = lambda probe, cold=False: fit_pipeline_runtime(probe, hw.pipeline_action_s,  # noqa: E731
-                                                         busy_sender_s=hw.busy_sender_s, cold=cold)
+                                                         busy_sender_s=hw.busy_sender_s, cold=cold,
+                                                         message_cpu_s=message_cpu_s)
     hw.pipeline_side_by_side = fit(side) if side else None
     hw.pipeline_world = fit(world, world_runs_cold(hw, threads)) if world else None
     return fit_loads(hw, threads)

@@ -8,6 +8,7 @@ simulates the probe's own schedules and keeps the constants that reproduce its s
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import replace
 
 from partrain.predict.fits import longest_increasing
@@ -18,7 +19,7 @@ from partrain.predict.schedules import schedule_order
 
 def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200, slowdown=no_sharing,
                          step_s: float | None = None, links=None, busy_sender_s: float = 0.0,
-                         cold: bool = False) -> tuple[float, float]:
+                         cold: bool = False, message_cpu_s: float = 0.0) -> tuple[float, float]:
     """(per-step overhead, per-message latency) that make the pipeline simulation reproduce the
     measured two-stage probe, in least squares over both schedules and all micro-batch counts.
 
@@ -30,13 +31,14 @@ def fit_pipeline_runtime(probe: dict, action_s: float, grid: int = 200, slowdown
     ``links`` (``PipelineCosts``' send_fwd, send_bwd, wire_fwd, wire_bwd) adds each message's
     own link time to the latency, and holds its connection, as the predictor's costs do;
     ``busy_sender_s`` delays a message whose sender computes on (``fit_busy_sender``); ``cold``
-    takes the stages' times from cold caches (``probe_stage_times``), as the probe's plan runs them.
+    takes the stages' times from cold caches (``probe_stage_times``), as the probe's plan runs them;
+    each action also pays ``message_cpu_s`` per message it receives or sends (``fit_message_cpu``).
     """
     n = len(probe["stage_s"])  # stages, one per rank
     measured = [p["step_s"] for p in probe["steps"]]
 
     def fit(hop: float) -> tuple[float, float, float]:
-        costs = _probe_costs(probe, action_s, hop, links, cold)
+        costs = _probe_costs(probe, action_s, hop, links, cold, message_cpu_s)
         residual = [m - simulate(schedule_order(p["schedule"], n, p["microbatches"]), costs, slowdown,
                                  busy_sender_s=busy_sender_s).step_s
                     for m, p in zip(measured, probe["steps"])]
@@ -57,15 +59,48 @@ def probe_stage_times(probe: dict, cold: bool = False) -> list[tuple[float, floa
     return [(max(f, cf), max(b, cb)) for (f, b), (cf, cb) in zip(hot, probe["stage_cold_s"])]
 
 
-def _probe_costs(probe: dict, action_s: float, hop: float, links=None, cold: bool = False) -> PipelineCosts:
+def fit_message_cpu(probe: dict, action_s: float) -> float:
+    """``HardwareProfile.pipeline_message_cpu_s``: the CPU a stage's worker spends on each message it
+    receives or sends, beyond its compute and the runtime's ``action_s`` per action, from the
+    probe's CPU a step on each rank (``cpu_s``) at two micro-batch counts of each schedule: every
+    micro-batch more adds a forward and a backward (and twice ``action_s``) and each of the rank's
+    messages once more (two per neighbour); the median over ranks and schedules, never below 0.
+
+    A stage's worker posts each send and receive (``batch_isend_irecv``) and waits on it on its own
+    thread, between its actions: on a 2-core VM the 2-stage probe's ranks used 0.08-0.11 ms of
+    CPU per message (loopback, gloo), and over emulated nodes a post that sends at once took
+    0.12-0.19 ms of the sender's thread (its kernel's network path included), with the stages
+    computing 0.15-0.25 ms an action (issue 18's mlp, 1F1B over 2x1 at 10 Gbit/s, traced).
+    Timed as latency alone (``fit_pipeline_runtime``) a message cost the same over idle stages
+    and busy ones, and the mlp's 2-stage pipelines over those links were 10-30% under in every
+    pass. 0 where the probe holds no CPU times (a profile before MEASUREMENT 26)."""
+    n = len(probe["stage_s"])
+    runs = [p for p in probe["steps"] if p.get("cpu_s")]
+    per_message = []
+    for schedule in sorted({p["schedule"] for p in runs}):
+        timed = sorted((p["microbatches"], p["cpu_s"]) for p in runs if p["schedule"] == schedule)
+        if len(timed) < 2 or timed[0][0] == timed[-1][0]:
+            continue
+        (m1, cpu1), (m2, cpu2) = timed[0], timed[-1]
+        for s, (fwd, bwd) in enumerate(probe_stage_times(probe)):
+            messages = 2 * ((s > 0) + (s < n - 1))  # a forward's and a backward's, per neighbour
+            each = (cpu2[s] - cpu1[s]) / (m2 - m1) - fwd - bwd - 2 * action_s
+            per_message.append(each / messages)
+    return max(0.0, statistics.median(per_message)) if per_message else 0.0
+
+
+def _probe_costs(probe: dict, action_s: float, hop: float, links=None, cold: bool = False,
+                 message_cpu_s: float = 0.0) -> PipelineCosts:
     """The simulation's costs of a pipeline probe: each stage's timed forward and backward
     (``probe_stage_times``; also from cold caches where ``cold``, taken after a wait) plus the
-    runtime's ``action_s``, each message ``hop`` plus ``links``' time beyond it (``_probe_links``;
-    none: the hop alone)."""
+    runtime's ``action_s`` and ``message_cpu_s`` for each message the action receives or sends
+    (one from each neighbour, one to each), each message ``hop`` plus ``links``' time beyond it
+    (``_probe_links``; none: the hop alone)."""
     n = len(probe["stage_s"])
-    fwd, bwd = (tuple(stage[i] + action_s for stage in probe_stage_times(probe)) for i in (0, 1))
-    fwd_cold, bwd_cold = ((tuple(stage[i] + action_s for stage in probe_stage_times(probe, cold=True)) for i in (0, 1))
-                          if cold else ((), ()))
+    own = [action_s + message_cpu_s * ((s > 0) + (s < n - 1)) for s in range(n)]  # the runtime's, per action
+    fwd, bwd = (tuple(stage[i] + own[s] for s, stage in enumerate(probe_stage_times(probe))) for i in (0, 1))
+    fwd_cold, bwd_cold = ((tuple(stage[i] + own[s] for s, stage in enumerate(probe_stage_times(probe, cold=True)))
+                           for i in (0, 1)) if cold else ((), ()))
     link_fwd, link_bwd, wire_fwd, wire_bwd = links or ((0.0,) * n, (0.0,) * n, (), ())
     return PipelineCosts(fwd, bwd, tuple(max(0.0, hop + t) if s < n - 1 else 0.0 for s, t in enumerate(link_fwd)),
                          tuple(max(0.0, hop + t) if s > 0 else 0.0 for s, t in enumerate(link_bwd)),
@@ -114,11 +149,13 @@ def fit_loaded(hw: HardwareProfile, key: str, threads: int = 1) -> tuple[tuple[f
     rank = probe.get("ranks") or list(range(pp))  # stage s's global rank
     first = transfer_time(hw, probe["message_bytes"], rank[0], rank[1])  # held in the fitted latency
 
-    action = lambda p: sum(f + b for f, b in probe_stage_times(p, cold)) / (2 * pp) + hw.pipeline_action_s  # noqa: E731
+    action = lambda p: (sum(f + b for f, b in probe_stage_times(p, cold)) / (2 * pp) + hw.pipeline_action_s  # noqa: E731
+                        + hw.pipeline_message_cpu_s * 2 * (pp - 1) / pp)  # a stage's messages, on average
     return longest_increasing([(action(probe), fitted[1])] + [
         (action(p), fit_pipeline_runtime(p, hw.pipeline_action_s, slowdown=sharing, step_s=fitted[0],
                                          links=_probe_links(hw, p, rank, first),
-                                         busy_sender_s=hw.busy_sender_s, cold=cold)[1])
+                                         busy_sender_s=hw.busy_sender_s, cold=cold,
+                                         message_cpu_s=hw.pipeline_message_cpu_s)[1])
         for p in probe.get("loaded", [])])
 
 
@@ -157,7 +194,8 @@ def fit_busy_sender(hw: HardwareProfile, grid_s: float = 1e-4, most_s: float = 6
     first = transfer_time(hw, probe.get("message_bytes", 0), 0, 1)  # held in the fitted latency
     runs = []
     for p in probe["loaded"]:
-        costs = _probe_costs(p, hw.pipeline_action_s, hw.pipeline_hop_s, _probe_links(hw, p, (0, 1), first))
+        costs = _probe_costs(p, hw.pipeline_action_s, hw.pipeline_hop_s, _probe_links(hw, p, (0, 1), first),
+                             message_cpu_s=hw.pipeline_message_cpu_s)
         runs += [(schedule_order(q["schedule"], 2, q["microbatches"]), costs, q["step_s"] - hw.pipeline_step_s)
                  for q in p["steps"]]
 

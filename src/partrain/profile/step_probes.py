@@ -81,7 +81,9 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
     """Step times of a real pipeline of ``stages`` ranks (0 and 1 by default) over tiny stages, per schedule and
     micro-batch count, with each stage's plain forward and backward: what a message between
     stages costs inside the runtime (waking a waiting worker included), which a ping-pong
-    between two busy workers underestimates. The micro-batch counts are those of the default
+    between two busy workers underestimates, and each rank's own CPU seconds a step (``cpu_s``,
+    its thread's: what posting and waiting on the messages costs it besides computing,
+    ``profile.pipeline_fits.fit_message_cpu``). The micro-batch counts are those of the default
     (2 x stages) for 2 and 4 stages. Each step time is the median of ``rounds`` medians of
     ``steps`` steps, taken in turn with the others' (each round's median is kept as
     ``rounds_s``). With more workers than cores the machine slows the probe in episodes of a
@@ -115,11 +117,16 @@ def measure_pipeline_hops(group, device, width: int = 64, microbatches: tuple[in
                 run = lambda s=schedule: s.step(losses=[])  # noqa: E731
             else:
                 run = lambda s=schedule, ys=ys: s.step(target=ys, losses=[])  # noqa: E731
-            runs.append(({"schedule": name, "microbatches": m}, run, []))
+            runs.append(({"schedule": name, "microbatches": m}, run, [], []))
     for _ in range(rounds):  # alternated: a passing slowdown spoils a few rounds of each, not the median
-        for _, run, samples in runs:
+        for _, run, samples, cpu in runs:
+            used = time.thread_time()  # this thread's CPU: computing, posting and waiting on messages
             samples.append(_median_of(run, repeats=steps))
-    timed = [{**key, "step_s": statistics.median(samples), "rounds_s": samples} for key, _, samples in runs]
+            cpu.append((time.thread_time() - used) / (steps + 1))  # _calls runs one more, untimed
+    cpu_s = [None] * stages  # per rank, its median CPU seconds a step in each run
+    dist.all_gather_object(cpu_s, [statistics.median(cpu) for *_, cpu in runs], group=group)
+    timed = [{**key, "step_s": statistics.median(samples), "rounds_s": samples, "cpu_s": [c[i] for c in cpu_s]}
+             for i, (key, _, samples, _) in enumerate(runs)]
     inp = x.requires_grad_(rank > 0)
     grad = torch.ones(rows, width, device=device)
 

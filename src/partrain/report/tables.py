@@ -26,7 +26,8 @@ def hardware_table(hw: HardwareProfile):
     for tier, link in hw.links.items():
         if tier not in hw.collectives:
             table.add_row(tier, "2", "link", _segment_text(link.segments[0]))
-    action = f"pipeline runtime: {hw.pipeline_action_s * 1e6:.0f} us per micro-batch action"
+    action = f"pipeline runtime: {hw.pipeline_action_s * 1e6:.0f} us per micro-batch action" + (
+        f", {hw.pipeline_message_cpu_s * 1e6:.0f} us of CPU per message posted" if hw.pipeline_message_cpu_s else "")
     rates = [f"{tier} link alone {rate * 8 / 1e9:.2f} Gbit/s" for tier in hw.links
              if (rate := hw.link_rate(tier)) is not None and rate == rate]  # NaN: inside a shaper's burst
     table.caption = "; ".join([action, *rates, *hw.notes])
