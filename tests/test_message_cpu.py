@@ -77,9 +77,10 @@ def mlp_profile():
 
 @pytest.mark.parametrize("pp", [2, 3])
 def test_every_action_pays_the_cpu_of_the_messages_it_receives_and_sends(mlp_profile, pp):
-    """Each stage's forward pays for the tensors it receives from the stage before and sends to
-    the one after, its backward for their gradients the other way: the end stages one message
-    each, a middle stage two; a pipeline on one worker sends nothing."""
+    """Each stage's forward pays for the message it receives from the stage before and the one it
+    sends to the one after, its backward for their gradients the other way: the end stages one
+    message each, a middle stage two, whatever a message's tensors (they are posted together);
+    a pipeline on one worker sends nothing."""
     hw = dataclasses.replace(load_cluster(EXAMPLE_CLUSTER), compute_speed=1.0, compute_sharing={}, sync_s={},
                              pipeline_hop_s=3e-4, points={"pipeline": {"message_bytes": 512}})
 
@@ -90,8 +91,14 @@ def test_every_action_pays_the_cpu_of_the_messages_it_receives_and_sends(mlp_pro
 
     plan = Plan("gpipe", workers=pp, batch_size=16, pp=pp, microbatches=4, schedule="gpipe", threads=1)
     (fwd, bwd), (fwd0, bwd0) = actions(plan, 2e-4), actions(plan, 0.0)
-    messages = [(s > 0) + (s < pp - 1) for s in range(pp)]  # the mlp's blocks pass one tensor each
+    messages = [(s > 0) + (s < pp - 1) for s in range(pp)]
     assert [a - b for a, b in zip(fwd, fwd0)] == pytest.approx([2e-4 * k for k in messages])
     assert [a - b for a, b in zip(bwd, bwd0)] == pytest.approx([2e-4 * k for k in messages])
+    # blocks that return (activations, ids): two tensors a message forward, one gradient back; the same posts
+    pairs = dataclasses.replace(mlp_profile, blocks=[dataclasses.replace(b, out_tensors=2, out_floats=1)
+                                                     for b in mlp_profile.blocks])
+    machine = dataclasses.replace(hw, pipeline_message_cpu_s=2e-4)
+    costs = _pipeline_costs(pairs, machine, plan, stage_bounds(pairs, plan), environment(machine, plan))
+    assert [a - b for a, b in zip(costs.fwd, fwd0)] == pytest.approx([2e-4 * k for k in messages])
     alone = Plan("gpipe", workers=1, batch_size=16, pp=pp, microbatches=4, schedule="gpipe", threads=1)
     assert actions(alone, 2e-4) == actions(alone, 0.0)

@@ -89,12 +89,14 @@ def _pipeline_costs(profile: ModelProfile, hw: HardwareProfile, plan: Plan, boun
     in_step = compute.in_step_factor(profile, b)
     hot_fwd, hot_bwd = ([t * in_step for t in times] for times in compute.stage_times(profile, bounds, b, plan.recompute))
 
-    # each action's worker posts and waits on its messages itself: per tensor received or sent
-    # (a forward from and to its neighbours, a backward the gradients of their floating tensors)
+    # each action's worker posts and waits on its messages itself: one a neighbour, its tensors
+    # posted together (a forward's from the stage before and to the one after, a backward's the
+    # other way, where the gradients of any floating tensors go back). Per tensor, run95u's
+    # tuple_out (an activation and its ids a message) read 14.1% against 12.4% per message
     sent = [(profile.blocks[e - 1].out_tensors, profile.blocks[e - 1].out_floats) for _, e in bounds]
     msg = 0.0 if alone else hw.pipeline_message_cpu_s
-    posts_fwd = [msg * ((sent[s - 1][0] if s > 0 else 0) + (sent[s][0] if s < n - 1 else 0)) for s in range(n)]
-    posts_bwd = [msg * ((sent[s][1] if s < n - 1 else 0) + (sent[s - 1][1] if s > 0 else 0)) for s in range(n)]
+    posts_fwd = [msg * ((s > 0 and sent[s - 1][0] > 0) + (s < n - 1 and sent[s][0] > 0)) for s in range(n)]
+    posts_bwd = [msg * ((s < n - 1 and sent[s][1] > 0) + (s > 0 and sent[s - 1][1] > 0)) for s in range(n)]
 
     def actions(cold: bool) -> tuple[tuple[float, ...], tuple[float, ...]]:
         fwd, bwd = hot_fwd, hot_bwd
