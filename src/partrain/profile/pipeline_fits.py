@@ -83,10 +83,15 @@ def fit_message_cpu(probe: dict, action_s: float) -> float:
             continue
         (m1, cpu1), (m2, cpu2) = timed[0], timed[-1]
         for s, (fwd, bwd) in enumerate(probe_stage_times(probe)):
-            messages = 2 * ((s > 0) + (s < n - 1))  # a forward's and a backward's, per neighbour
+            messages = 2 * _neighbours(s, n)  # a forward's and a backward's, per neighbour
             each = (cpu2[s] - cpu1[s]) / (m2 - m1) - fwd - bwd - 2 * action_s
             per_message.append(each / messages)
     return max(0.0, statistics.median(per_message)) if per_message else 0.0
+
+
+def _neighbours(stage: int, stages: int) -> int:
+    """How many stages ``stage`` of a pipeline of ``stages`` receives from and sends to in each action."""
+    return (stage > 0) + (stage < stages - 1)
 
 
 def _probe_costs(probe: dict, action_s: float, hop: float, links=None, cold: bool = False,
@@ -97,7 +102,7 @@ def _probe_costs(probe: dict, action_s: float, hop: float, links=None, cold: boo
     (one from each neighbour, one to each), each message ``hop`` plus ``links``' time beyond it
     (``_probe_links``; none: the hop alone)."""
     n = len(probe["stage_s"])
-    own = [action_s + message_cpu_s * ((s > 0) + (s < n - 1)) for s in range(n)]  # the runtime's, per action
+    own = [action_s + message_cpu_s * _neighbours(s, n) for s in range(n)]  # the runtime's, per action
     fwd, bwd = (tuple(stage[i] + own[s] for s, stage in enumerate(probe_stage_times(probe))) for i in (0, 1))
     fwd_cold, bwd_cold = ((tuple(stage[i] + own[s] for s, stage in enumerate(probe_stage_times(probe, cold=True)))
                            for i in (0, 1)) if cold else ((), ()))
@@ -150,7 +155,7 @@ def fit_loaded(hw: HardwareProfile, key: str, threads: int = 1) -> tuple[tuple[f
     first = transfer_time(hw, probe["message_bytes"], rank[0], rank[1])  # held in the fitted latency
 
     action = lambda p: (sum(f + b for f, b in probe_stage_times(p, cold)) / (2 * pp) + hw.pipeline_action_s  # noqa: E731
-                        + hw.pipeline_message_cpu_s * 2 * (pp - 1) / pp)  # a stage's messages, on average
+                        + hw.pipeline_message_cpu_s * sum(_neighbours(s, pp) for s in range(pp)) / pp)  # on average
     return longest_increasing([(action(probe), fitted[1])] + [
         (action(p), fit_pipeline_runtime(p, hw.pipeline_action_s, slowdown=sharing, step_s=fitted[0],
                                          links=_probe_links(hw, p, rank, first),
