@@ -420,23 +420,30 @@ def test_a_stage_that_receives_right_after_sending_lets_its_receiver_run():
 
 def test_the_busy_sender_delay_is_fitted_to_the_pair_probe_over_loaded_stages(cluster):
     """``fit_busy_sender`` finds the delay the simulation of the probe's GPipe and 1F1B runs
-    (4 and 8 micro-batches, two loads) was given, with the probe's own step cost and hop; 0
-    where the pair was not probed over loaded stages (a GPU, a profile before MEASUREMENT 16)."""
+    (4 and 8 micro-batches, two loads) was given; a cost both schedules paid beyond their
+    simulation (a per-step overhead, a slower spell of the machine over the probe's runs) does
+    not move it, since it is fitted to GPipe's excess over 1F1B; 0 where the pair was not
+    probed over loaded stages (a GPU, a profile before MEASUREMENT 16)."""
     from partrain.profile.pipeline_fits import fit_busy_sender
 
     action, step, hop, busy = 4e-5, 1.2e-3, 3e-4, 2.1e-3
     hw = dataclasses.replace(cluster, nodes=1, workers_per_node=2, cores_per_node=2, compute_sharing={}, sync_s={},
                              compute_speed=1.0, pipeline_action_s=action, pipeline_step_s=step, pipeline_hop_s=hop)
-    loaded = []
-    for stage_s in ([(3e-4, 6e-4), (2e-4, 5e-4)], [(2e-3, 3.5e-3), (1e-3, 2.5e-3)]):
-        costs = PipelineCosts(*(tuple(s[i] + action for s in stage_s) for i in (0, 1)), (hop, 0.0), (0.0, hop))
-        loaded.append({"stage_s": stage_s, "message_bytes": 512, "steps": [
-            {"schedule": s, "microbatches": m,
-             "step_s": step + simulate(schedule_order(s, 2, m), costs, busy_sender_s=busy).step_s}
-            for s in ("gpipe", "1f1b") for m in (4, 8)]})
-    probed = dataclasses.replace(hw, points={"pipeline": {"stage_s": [(1e-5, 2e-5)] * 2, "steps": [], "message_bytes": 512,
-                                                          "loaded": loaded}})
-    assert fit_busy_sender(probed) == pytest.approx(busy, abs=1e-4)
+
+    def probed(extra: float):
+        loaded = []
+        for stage_s in ([(3e-4, 6e-4), (2e-4, 5e-4)], [(2e-3, 3.5e-3), (1e-3, 2.5e-3)]):
+            costs = PipelineCosts(*(tuple(s[i] + action for s in stage_s) for i in (0, 1)), (hop, 0.0), (0.0, hop))
+            loaded.append({"stage_s": stage_s, "message_bytes": 512, "steps": [
+                {"schedule": s, "microbatches": m,
+                 "step_s": step + extra + simulate(schedule_order(s, 2, m), costs, busy_sender_s=busy).step_s}
+                for s in ("gpipe", "1f1b") for m in (4, 8)]})
+        return dataclasses.replace(hw, points={"pipeline": {"stage_s": [(1e-5, 2e-5)] * 2, "steps": [],
+                                                            "message_bytes": 512, "loaded": loaded}})
+
+    assert fit_busy_sender(probed(0.0)) == pytest.approx(busy, abs=1e-4)
+    assert fit_busy_sender(probed(3e-3)) == pytest.approx(busy, abs=1e-4)  # every run 3 ms longer
+    assert fit_busy_sender(probed(-1e-3)) == pytest.approx(busy, abs=1e-4)
     assert fit_busy_sender(dataclasses.replace(hw, points={"pipeline": {"steps": []}})) == 0.0
 
 

@@ -74,7 +74,8 @@ class HardwareProfile(JsonProfile):
     pipeline_side_by_side_loaded: tuple[tuple[float, float], ...] = ()
     # how much later a worker waiting for a pipeline message wakes when the message's sender goes on
     # computing (at most until the sender waits): ``pipeline_sim.simulate``'s ``busy_sender_s``,
-    # fitted to the two-stage probe over loaded stages (``profile.pipeline_fits.fit_busy_sender``); 0 where
+    # fitted to GPipe's excess over 1F1B in the two-stage probe over loaded stages
+    # (``profile.pipeline_fits.fit_busy_sender``; to their step times before MEASUREMENT 27); 0 where
     # not measured (a GPU's host does not compute, a cluster file, a profile before MEASUREMENT 16)
     busy_sender_s: float = 0.0
     # k workers -> the compute each ran side by side before the synchronisation ``sync_s`` timed:
