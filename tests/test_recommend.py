@@ -246,3 +246,8 @@ def test_recommendation_outcomes_score_the_pick_against_the_measured_fastest(cap
     assert [g["best"] for g in out["with_async"]["groups"]] == ["local-sgd x2"]
     assert out["with_async"]["summary"]["hit_rate"] == 0.0
     assert out["with_async"]["summary"]["profile_cost"] == pytest.approx(1.0 / 3)  # wall_s 1.0 per case
+    # nothing to rank: the error says so, with why cells were left out where some were
+    from partrain.errors import PartrainError
+
+    with pytest.raises(PartrainError, match=r"two or more plans: .* \(skipped: 3 cells on 2x1 nodes at 1 Mbit/s: no "):
+        _report_recommendations(Report(cases[:1], 1.0, ["3 cells on 2x1 nodes at 1 Mbit/s: no hardware profile"]), True)

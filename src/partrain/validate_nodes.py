@@ -57,7 +57,8 @@ def validate_across_nodes(rows: list[dict], profile_for, hardware_for, hardware_
         where = f"{nodes}x{per_node} nodes at {link:g} Mbit/s"
         hardware = hardware_across(nodes * per_node, nodes, link)
         if hardware is None:
-            report.skipped.append(f"{len(link_rows)} cells on {where}: no hardware profile was measured across them; "
+            report.skipped.append(f"{len(link_rows)} cells on {where}: no hardware profile was measured across them "
+                                  "(or one by an earlier partrain, whose figures mean something else); "
                                   "run `partrain bench` on their suite again, as root, with the same --profile-dir")
             continue
         part = validate(link_rows, profile_once, lambda workers, hw=hardware: hw, fingerprint, device)

@@ -173,7 +173,9 @@ def _report_recommendations(report, as_json: bool, across: list = ()) -> int:
     modes = {"synchronous": recommendation_outcomes(cases),
              "with_async": recommendation_outcomes(cases, include_async=True)}
     if not modes["with_async"]:
-        raise PartrainError("no job in the store was measured under two or more plans: run a suite with several strategies")
+        why = f" (skipped: {report.skipped[0]})" if report.skipped else ""
+        raise PartrainError("no job in the store was measured under two or more plans: run a suite with several "
+                            f"strategies{why}")
     summaries = {mode: {**summarize_outcomes(outcomes), "profile_cost": report.profile_cost()}
                  for mode, outcomes in modes.items()}
     if as_json:
