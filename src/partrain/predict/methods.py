@@ -36,7 +36,8 @@ one measured by an earlier method is ``stale`` (``predict.profiles``) and is mea
 # 25: the step probe also where the workers outnumber the cores (``step_sync`` for every k), not ``sync_s`` scaled
 # 26: the pipeline probes also time each rank's CPU a step, which fits a message's CPU (``pipeline_message_cpu_s``)
 # 27: ``busy_sender_s`` is fitted to GPipe's excess over 1F1B in the loaded pair probe, not to their step times
-MEASUREMENT = 27
+# 28: the loaded pair probe runs 9 rounds, not 3 (``step_probes.PAIR_ROUNDS``): the busy-sender fit swung 0-6 ms
+MEASUREMENT = 28
 # How the model profiler measures, numbered the same way. 2: FSDP's loop on a world of one
 # (``world_of_one_s["fsdp"]``); without it a prediction leaves out FSDP's own bookkeeping.
 # 3: a plain module's blocks are the tracer's pieces (``strategies.traced``), not one whole block.

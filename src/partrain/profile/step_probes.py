@@ -184,15 +184,21 @@ def _with_loads(group, device, stages: int, loads, **probe) -> dict:
 # about 0.8 and 5 ms a micro-batch on a 2-core VM's core, longer than a woken stage's wait behind a
 # busy one (``measure_pair_loaded``)
 PAIR_LOADS = ((32, 512, 2), (64, 1024, 2))
+PAIR_ROUNDS = 9
 
 
-def measure_pair_loaded(group, device, loads=PAIR_LOADS) -> list[dict]:
+def measure_pair_loaded(group, device, loads=PAIR_LOADS, rounds: int = PAIR_ROUNDS) -> list[dict]:
     """``measure_pipeline_hops`` of the pair ``group`` over each of ``loads``, 4 and 8
-    micro-batches of GPipe and 1F1B (3 rounds of 4 steps; 5 s on a 2-core VM, 10 s beside two
-    busy workers): where a message's sender computes on after sending it, its receiver waits
-    longer than the idle probe's latency (``profile.pipeline_fits.fit_busy_sender``). Both ranks
-    call this; rank 0 gets the result."""
-    return [measure_pipeline_hops(group, device, width=width, microbatches=(4, 8), rounds=3, steps=4, rows=rows,
+    micro-batches of GPipe and 1F1B (``rounds`` rounds of 4 steps; 15 s on a 2-core VM, 30 s
+    beside two busy workers): where a message's sender computes on after sending it, its
+    receiver waits longer than the idle probe's latency (``profile.pipeline_fits.fit_busy_sender``).
+    Both ranks call this; rank 0 gets the result.
+
+    Nine rounds, not three: GPipe's excess over 1F1B is a few ms in steps of 10-100, and one
+    round's swung by up to 30 ms on a 2-core VM. Four probes in a row on 2 workers fitted 1.7,
+    4.8, 1.5 and 2.3 ms from nine rounds each, 0-6 ms from each third of them; issue 17's
+    2-worker GPipe cells of exp100 (three rounds fitted 0.1 ms) read 28.3% under at 0, 11.8% at 2 ms."""
+    return [measure_pipeline_hops(group, device, width=width, microbatches=(4, 8), rounds=rounds, steps=4, rows=rows,
                                   depth=depth) for rows, width, depth in loads]
 
 
