@@ -533,13 +533,33 @@ def test_a_profile_is_read_at_the_pace_after_it_only_where_both_sides_took_windo
 
     assert at_later_pace(mlp) is mlp
     assert at_later_pace(dataclasses.replace(mlp, pace_s=[], later_pace_s=[1e-3])).loop_s == mlp.loop_s
-    steady = dataclasses.replace(mlp, later_pace_s=[statistics.median(mlp.pace_s)] * 3)
+    steady = dataclasses.replace(mlp, later_pace_s=[statistics.fmean(mlp.pace_s)] * 3)
     assert at_later_pace(steady).blocks[1].fwd_s == pytest.approx(mlp.blocks[1].fwd_s)
-    later = dataclasses.replace(mlp, later_pace_s=[2 * statistics.median(mlp.pace_s)] * 20)
+    later = dataclasses.replace(mlp, later_pace_s=[2 * statistics.fmean(mlp.pace_s)] * 20)
     factor, slower = later_pace(later), at_later_pace(later)
-    assert factor > 1.5 and slower.blocks[1].fwd_s == pytest.approx([factor * t for t in mlp.blocks[1].fwd_s])
+    n = len(mlp.pace_s)  # all windows at twice the profile's mean: (n + 40) / (n + 20)
+    assert factor == pytest.approx((n + 40) / (n + 20)) and slower.blocks[1].fwd_s == pytest.approx([factor * t for t in mlp.blocks[1].fwd_s])
     assert [t for c in slower.chain_s for t in c] == pytest.approx([factor * t for c in mlp.chain_s for t in c])
     assert slower.accumulate_s == pytest.approx(factor * mlp.accumulate_s)
+
+
+def test_the_pace_after_a_profile_moves_with_the_share_of_slow_windows_not_in_a_jump(mlp):
+    """A machine of two speeds, 1.4x apart: the windows beside the cells at both levels. One
+    window moved from the fast level to the slow moves the factor by a step of that window's
+    weight, where a median would jump from one level to the other at a half."""
+    import dataclasses
+
+    from partrain.profile.pace import later_pace
+
+    fast = statistics.fmean(mlp.pace_s)
+    own = [fast] * 13
+
+    def factor(slow: int) -> float:
+        return later_pace(dataclasses.replace(mlp, pace_s=own, later_pace_s=[fast] * (21 - slow) + [1.4 * fast] * slow))
+
+    assert factor(0) == pytest.approx(1.0) and factor(21) == pytest.approx((13 + 21 * 1.4) / 34)
+    assert factor(11) - factor(10) == pytest.approx(0.4 / 34)  # one window's weight, not the 0.4 between levels
+    assert all(factor(k) < factor(k + 1) for k in range(21))
 
 
 def test_paired_ratios_see_through_a_spell_and_time_the_reference_warm(monkeypatch):

@@ -19,7 +19,7 @@ minutes. So before a cell a CPU model profile predicts, once at least ``PACE_EVE
 passed since the last, the benchmark times a window of the profile's own pace step
 (``profile.pace``: the bare serial step at its smallest batch, in this process, with nothing
 else running) and adds it to the profile (``ModelProfile.later_pace_s``): ``validate`` reads
-the profile's times at the median pace of all, and counts the seconds with the profile's.
+the profile's times at the mean pace of all (``pace.later_pace``), and counts the seconds with the profile's.
 """
 
 from __future__ import annotations

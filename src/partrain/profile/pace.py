@@ -137,16 +137,22 @@ def at_pace(memory: dict, factor: float) -> dict:
 
 
 def later_pace(profile: ModelProfile) -> float:
-    """The median of all ``profile``'s pace windows over the median of its own; 1 where either side took none."""
+    """The mean of all ``profile``'s pace windows over the mean of its own; 1 where either side
+    took none. The mean, not the median: on a machine of two speeds the windows beside the cells
+    fall at both, and their median jumps from one level to the other as the share of slow
+    windows crosses a half (a factor of 1 or of 1.4 for much the same hour), where the mean moves
+    with that share; on a steady machine the two agree. Read both ways over issue 17's run100u
+    and run103u and issue 18's run102n (session 91): 13.9%, 14.9%, 10.9% MAPE with the mean,
+    13.3%, 17.6%, 13.3% with the median, the worst cell lower in all three."""
     if not profile.pace_s or not profile.later_pace_s:
         return 1.0
-    return statistics.median(profile.pace_s + profile.later_pace_s) / statistics.median(profile.pace_s)
+    return statistics.fmean(profile.pace_s + profile.later_pace_s) / statistics.fmean(profile.pace_s)
 
 
 def at_later_pace(profile: ModelProfile) -> ModelProfile:
     """``profile`` with every time figure at the machine's pace over the profile and the windows
-    taken after it (``ModelProfile.later_pace_s``): multiplied by the median of all its windows
-    over the median of its own. A profile is a few seconds of the machine, and this 2-vCPU VM
+    taken after it (``ModelProfile.later_pace_s``): multiplied by the mean of all its windows
+    over the mean of its own (``later_pace``). A profile is a few seconds of the machine, and this 2-vCPU VM
     runs in spells of minutes too: in issue 18's run73n the mlp's 300-step serial loop read 1.53
     ms before the pass and 2.15 after, and its profile, taken in a fast one, read its 2-node cells
     21% under; ``bench --profile`` samples the same step beside the cells the profile predicts,
