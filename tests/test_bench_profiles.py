@@ -147,7 +147,7 @@ def test_bench_profile_times_the_machines_pace_before_each_cell_and_validate_rea
 
     steady = Steady()
     profiles.sample_pace(steady, path, windows=2, extra_s=5.0)  # 5 s of building the step, counted once
-    assert steady.warmed == [True, False]  # an untimed step before the first window after a cell
+    assert steady.warmed == [True, False]  # untimed steps before the first window after a cell
     again = ModelProfile.load(path)
     assert again.later_pace_s == raw.later_pace_s + [1e-3] * 2
     assert again.profile_seconds >= raw.profile_seconds + 5.0 + 0.01 * 2

@@ -85,6 +85,31 @@ def test_step_statistic_shrugs_off_one_slow_sample():
     assert lower([1.0, 2.0, 3.0, 9.0, 9.0, 9.0]) == 2.0
 
 
+def test_a_window_after_other_processes_waits_out_the_wake_up(monkeypatch):
+    """A pace window after a benchmark's cell runs the step untimed for ``WAKE_S`` first (then a
+    window of about ``WINDOW_S``); a window without ``warm`` starts at once."""
+    import time
+
+    from partrain.profile import pace as pace_module
+
+    monkeypatch.setattr(pace_module, "WAKE_S", 0.2)
+    starts: list[float] = []
+
+    def step():
+        starts.append(time.perf_counter())
+        time.sleep(0.001)
+
+    p = pace_module.Pace(step)  # one step at construction
+    del starts[:]
+    p.sample(warm=True)
+    assert starts[-1] - starts[0] >= 0.2  # the wake-up, then the window's steps
+    assert len(p.windows) == 1 and 0.001 <= p.windows[0] < 0.2  # the window times single steps
+    del starts[:]
+    p.sample()
+    assert starts[-1] - starts[0] < 0.2  # about WINDOW_S of steps, nothing before them
+    assert len(p.windows) == 2
+
+
 def test_world_of_one_strategies_take_turns_and_a_burst_spoils_one_round_only(monkeypatch):
     """The world-of-one loop per strategy: rounds in turn that share the steps, the median of
     each strategy's rounds kept; a strategy that cannot run drops out, serial cannot."""

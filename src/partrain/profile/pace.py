@@ -37,6 +37,16 @@ from partrain.strategies.base import loss_fn
 # a window: about 30 ms, at least one step (resnet18's of 0.19 s at batch 8: 13 windows, 2.5 s of
 # its 62 s profile; the median over the windows is what counts)
 WINDOW_S, MIN_STEPS = 0.03, 1
+# before a window taken after other processes ran (``Pace.sample(warm=True)``: a benchmark's
+# pace window after a cell, its process having waited on the cell's): the step runs untimed this
+# long first. A process that waited runs its first tenths of a second slow: tokens3d's bare step
+# after a quiet second, 30 rounds on the AMD VM (session 94), x1.18 its later pace over the first
+# 25 ms, x1.07 at 25-50, x1.04 at 50-75, x1.02 at 75-100, within 1% from 250 ms; a window after
+# one untimed step read the slow level where one 0.3 s later read the fast one in 3-4 of 15
+# rounds after a child's 1.5 s of compute. The cells it paces are seconds of steps at the fast
+# level, so the windows beside run108u's cells read tokens3d's profile at x0.90 where its cells
+# ran at about x0.7. Cost: this much wall time a window, about 0.7% of a pass's cells.
+WAKE_S = 0.25
 
 
 def still_sgd(net: nn.Module) -> torch.optim.Optimizer:
@@ -110,10 +120,14 @@ class Pace:
         return cls(bare_step(net, still_sgd(net), train_set, batch, run), after=lambda: net.zero_grad(set_to_none=True))
 
     def sample(self, warm: bool = False) -> None:
-        """A window of the step; ``warm``: after one untimed step, for a window right after other
-        processes ran (a benchmark's cell), whose first steps run on caches they wrote over."""
+        """A window of the step; ``warm``: after ``WAKE_S`` of untimed steps (at least one), for a
+        window right after other processes ran (a benchmark's cell), whose first steps run on
+        caches they wrote over and at the slow pace of a process that waited."""
         if warm:
+            start = time.perf_counter()
             self.step()
+            while time.perf_counter() - start < WAKE_S:
+                self.step()
         self.windows.append(window(self.step))
         if self.after is not None:
             self.after()
