@@ -42,10 +42,10 @@ WINDOW_S, MIN_STEPS = 0.03, 1
 # long first. A process that waited runs its first tenths of a second slow: tokens3d's bare step
 # after a quiet second, 30 rounds on the AMD VM (session 94), x1.18 its later pace over the first
 # 25 ms, x1.07 at 25-50, x1.04 at 50-75, x1.02 at 75-100, within 1% from 250 ms; a window after
-# one untimed step read the slow level where one 0.3 s later read the fast one in 3-4 of 15
-# rounds after a child's 1.5 s of compute. The cells it paces are seconds of steps at the fast
-# level, so the windows beside run108u's cells read tokens3d's profile at x0.90 where its cells
-# ran at about x0.7. Cost: this much wall time a window, about 0.7% of a pass's cells.
+# one untimed step read the slow level where one 0.3 s later read the fast one in 4 of 15
+# rounds after a child's 1.5 s of compute. The cells it paces are seconds of steps, their median
+# past the ramp: the windows beside run108u's cells read tokens3d's profile at x0.90 where its
+# cells ran at about x0.7. Cost: this much wall time a window, one a model every 30 s.
 WAKE_S = 0.25
 
 
