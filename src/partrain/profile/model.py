@@ -189,7 +189,7 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
                                 options, world_of_one_steps(step_s), step_s=step_s,
                                 run={"device": dev.type, "precision": precision, "channels_last": channels_last,
                                      "compile": compile})
-        _sample(pace)
+        _sample(pace, warm=True)  # this process waited on the probe's: past its wake-up (pace.WAKE_S)
         sharing = {}
         if corunners is not None:
             phase(f"profile {model}", f"its compute with 2..{corunners.n + 1} workers side by side (fresh processes)")
@@ -222,9 +222,9 @@ def profile_model(model: str, dataset: str, batch_sizes: list[int], threads: int
     )
 
 
-def _sample(pace: Pace | None) -> None:
+def _sample(pace: Pace | None, warm: bool = False) -> None:
     if pace is not None:
-        pace.sample()
+        pace.sample(warm)
 
 
 def _traced_pieces(net: nn.Module, x, first: list[nn.Module] | None) -> list[nn.Module]:
