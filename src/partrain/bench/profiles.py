@@ -42,9 +42,10 @@ from partrain.validate import batch_sizes_by_profile, measured_rows, profile_key
 # a window of the pace step (about 30 ms, or one step of resnet18's 0.19 s) before a cell, at
 # most one every PACE_EVERY_S: the spells it follows last minutes. Three windows before every
 # cell (issue 17's run74u: 252 a model, 7.6 s) took the profile cost from 4.3% to 7.4% of the
-# cells' time; one every 30 s took 4.7% in run75u. Each window follows one untimed step: the
-# first window after a cell read 1-4% slower than the next in run74u (gpt 4.4%), and one window
-# a cell alone put every profile's factor 1-3% over in run75u.
+# cells' time; one every 30 s took 4.7% in run75u. Each window follows ``pace.WAKE_S`` of
+# untimed steps (one step until session 94): the first window after a cell read 1-4% slower than
+# the next in run74u (gpt 4.4%), one window a cell alone put every profile's factor 1-3% over in
+# run75u, and a process that waited runs its first tenths of a second slow (``pace.WAKE_S``).
 PACE_EVERY_S = 30.0
 
 
