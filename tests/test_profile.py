@@ -87,27 +87,27 @@ def test_step_statistic_shrugs_off_one_slow_sample():
 
 def test_a_window_after_other_processes_waits_out_the_wake_up(monkeypatch):
     """A pace window after a benchmark's cell runs the step untimed for ``WAKE_S`` first (then a
-    window of about ``WINDOW_S``); a window without ``warm`` starts at once."""
-    import time
+    window of about ``WINDOW_S``); a window without ``warm`` starts at once. On a fake clock that
+    each step moves by 1 ms, so nothing here depends on the machine's speed."""
+    from types import SimpleNamespace
 
     from partrain.profile import pace as pace_module
 
-    monkeypatch.setattr(pace_module, "WAKE_S", 0.2)
-    starts: list[float] = []
+    clock = {"t": 0.0, "steps": 0}
+    monkeypatch.setattr(pace_module, "time", SimpleNamespace(perf_counter=lambda: clock["t"]))
 
     def step():
-        starts.append(time.perf_counter())
-        time.sleep(0.001)
+        clock["t"] += 0.001
+        clock["steps"] += 1
 
     p = pace_module.Pace(step)  # one step at construction
-    del starts[:]
-    p.sample(warm=True)
-    assert starts[-1] - starts[0] >= 0.2  # the wake-up, then the window's steps
-    assert len(p.windows) == 1 and 0.001 <= p.windows[0] < 0.2  # the window times single steps
-    del starts[:]
+    clock["steps"] = 0
     p.sample()
-    assert starts[-1] - starts[0] < 0.2  # about WINDOW_S of steps, nothing before them
-    assert len(p.windows) == 2
+    plain = clock["steps"]  # the window's steps alone: about WINDOW_S of them
+    clock["steps"] = 0
+    p.sample(warm=True)
+    assert abs(clock["steps"] - plain - pace_module.WAKE_S / 0.001) <= 1  # WAKE_S of untimed steps first
+    assert p.windows == pytest.approx([0.001, 0.001])  # each window times single steps
 
 
 def test_world_of_one_strategies_take_turns_and_a_burst_spoils_one_round_only(monkeypatch):
