@@ -62,6 +62,24 @@ def test_free_port_is_bindable():
         s.bind(("127.0.0.1", port))
 
 
+_LEAVE = """
+import atexit, sys
+from partrain.distributed.spawn import leave_at_once
+atexit.register(lambda: print("torn down"))
+sys.stdout.write("said")  # no newline: still in the buffer
+sys.stderr.write("warned")
+leave_at_once(3)
+print("never")
+"""
+
+
+def test_leave_at_once_flushes_what_was_said_and_skips_the_teardown():
+    from partrain.distributed.spawn import child_env, python_command
+
+    done = subprocess.run([*python_command(), "-c", _LEAVE], capture_output=True, text=True, env=child_env(), timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "said", "warned")
+
+
 _FREE_AND_MEASURE = """
 import re, sys, torch
 from partrain.distributed.launch import keep_freed_memory

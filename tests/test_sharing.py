@@ -113,6 +113,7 @@ def test_the_probe_measures_a_sane_factor_with_two_processes():
     x, y = train_set.get(torch.arange(16))
     with CoRunners(1, job, timeout_s=120) as others:
         raw = measure_sharing(training_step(net, x, y), others, window_s=0.02, rounds=2)
+    assert [p.returncode for p in others.procs] == [0]  # told to quit, it left (spawn.leave_at_once)
     assert set(raw) == {2}
     assert all(v > 0 for v in raw[2].values())
     factor = sharing_factors(raw)[2]

@@ -107,6 +107,16 @@ def python_command() -> list[str]:
     return [sys.executable, "-P"]
 
 
+def leave_at_once(status: int = 0) -> None:
+    """End this child process now, its output flushed, without the interpreter's teardown: with
+    torch and the training machinery imported, freeing every module's objects takes 0.6 s on
+    the 2-vCPU VM (session 95), wall time of the profile that waits on the child's exit. For
+    a probe's child whose work is done and said: no file of its own is left half-written."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def _worker(index: int, entrypoint: Callable, args: tuple, nprocs: int, run_dir: str, parent_pid: int) -> None:
     """One worker: set its place in the job, run ``entrypoint``, leave the result or the error in ``run_dir``."""
     die_with_parent(signal.SIGKILL)

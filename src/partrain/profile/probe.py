@@ -37,7 +37,7 @@ from partrain.distributed.launch import (
     keep_freed_memory,
     leave_process_group,
 )
-from partrain.distributed.spawn import child_env, python_command
+from partrain.distributed.spawn import child_env, leave_at_once, python_command
 from partrain.errors import PartrainError
 from partrain.models import build_model
 from partrain.profile.numerics import autocast, place, place_input
@@ -72,11 +72,12 @@ def baseline_probe() -> None:
     # (``leave_process_group``), which walks every object torch's import made: 0.1 s each, 1 s
     # of a small model's 4.4 s probe. Frozen, those objects are skipped: only the runs' own are walked.
     gc.freeze()
+    print(json.dumps(cuda_probe(args) if args["run"]["device"] == "cuda" else _cpu_probe(args)))
+    leave_at_once()  # the profiler waits on this process's exit: not on its teardown
 
-    if args["run"]["device"] == "cuda":
-        print(json.dumps(cuda_probe(args)))
-        return
 
+def _cpu_probe(args: dict) -> dict:
+    """``baseline_probe``'s figures on a CPU."""
     keep_freed_memory()  # as a training worker does
     torch.set_num_threads(args["threads"])
     data = dict(data_dir=args["data_dir"], synthetic=args["synthetic"])
@@ -124,7 +125,7 @@ def baseline_probe() -> None:
     smallest = statistics.median(pace.windows)
     out["bare_loop"] = [smallest] + [smallest * statistics.median(ratios[b]) for b in sizes[1:]]
     out["world_of_one"] = {strategy: smallest * m for strategy, m in multiples.items()}
-    print(json.dumps(out))
+    return out
 
 
 WORLD_OF_ONE = tuple(name for name, spec in SPECS.items() if spec.world_of_one_probe)

@@ -84,6 +84,7 @@ def corunner() -> None:
     args = json.loads(sys.argv[1])
     from partrain.data import load_dataset
     from partrain.distributed.launch import keep_freed_memory
+    from partrain.distributed.spawn import leave_at_once
     from partrain.models import build_model
 
     keep_freed_memory()  # as a training worker does
@@ -102,6 +103,7 @@ def corunner() -> None:
                 step()
         else:
             _say("idle")
+    leave_at_once()  # the profiler waits on this process's exit (``CoRunners.close``): not on its teardown
 
 
 def _say(word: str) -> None:
