@@ -45,8 +45,11 @@ WINDOW_S, MIN_STEPS = 0.03, 1
 # one untimed step read the slow level where one 0.3 s later read the fast one in 4 of 15
 # rounds after a child's 1.5 s of compute. The cells it paces are seconds of steps, their median
 # past the ramp: the windows beside run108u's cells read tokens3d's profile at x0.90 where its
-# cells ran at about x0.7. Cost: this much wall time a window, one a model every 30 s.
-WAKE_S = 0.25
+# cells ran at about x0.7. Cost: this much wall time a window, one a model every 30 s: at 0.25 s
+# (session 94) the 19-25 windows beside each model's cells took 5-7 s of its 14-26 s profile in
+# run110u, the profile cost 7.3% of the cells' time (5.2% in run108u, one step); at 0.1 s a window
+# starts where the ramp is within 2% (x1.02 at 75-100 ms), for 0.15 s less each.
+WAKE_S = 0.1
 
 
 def still_sgd(net: nn.Module) -> torch.optim.Optimizer:
