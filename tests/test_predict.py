@@ -184,6 +184,21 @@ def test_a_stage_hop_pays_the_runtimes_measured_cost_on_any_link():
     assert stage_transfer_time(hw, n, 3, 4, tensors=3) == pytest.approx(stage_transfer_time(hw, n, 3, 4) + 2 * latency)
 
 
+def test_a_stage_hop_is_the_probes_hop_even_where_the_ping_pong_reads_slower():
+    """Where the pair's ping-pong (timed beside busy workers) reads slower than the probe's
+    whole hop, a message of the probe's size costs the hop, and a bigger one the hop plus its
+    extra bytes on the link: the ping-pong's latency is not paid on top."""
+    from partrain.predict.comm import stage_transfer_time
+
+    slow = CostFit((Segment(math.inf, 1.4e-3, 1e-9),))  # 1.4 ms one way: waits for a core
+    hw = dataclasses.replace(load_cluster(EXAMPLE_CLUSTER), pipeline_hop_s=5e-4, links={"intra": slow},
+                             collectives={"intra": {2: {"sendrecv": slow}}}, points={"pipeline": {"message_bytes": 512}})
+    assert transfer_time(hw, 512, 0, 1) > 5e-4
+    assert stage_transfer_time(hw, 512, 0, 1) == pytest.approx(5e-4)
+    assert stage_transfer_time(hw, 1e6 + 512, 2, 3) == pytest.approx(5e-4 + 1e6 * 1e-9)
+    assert stage_transfer_time(hw, 16, 2, 3) == pytest.approx(5e-4 - 496 * 1e-9)
+
+
 def test_a_hardware_profile_measured_by_an_earlier_method_is_measured_again(tmp_path, monkeypatch):
     from partrain.predict.profiles import MEASUREMENT, HardwareProfile
     from partrain.profile import cache

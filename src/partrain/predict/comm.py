@@ -159,6 +159,14 @@ def stage_transfer_time(hw: HardwareProfile, nbytes: float, src: int, dst: int, 
     (``HardwareProfile.runtime_of``), as it cost over stages whose actions took ``action_s``.
     Without a probe (a cluster file): the point-to-point fit.
 
+    The hop is the probe's, plus the link's time for this message beyond the probe's own
+    (``hop + link(n) - link(probe)``, held at 0), as ``profile.pipeline_fits`` fitted it. A
+    4-worker profile's pair ping-pong, timed beside two busy workers on 2 cores, can read
+    slower than the whole probe's hop (issue 17's run112u: 1.36 ms one way at 16 B to 1 MB,
+    the probe's hop 0.49 ms): taking the runtime's part as at least 0 and the ping-pong whole
+    on top put 4-stage pipelines of a tuple-returning model 36-51% over their measure, where
+    the hop as fitted reads them at -3% to +12%.
+
     A message of ``tensors`` tensors (a block returning a tuple) is that many point-to-point
     sends, batched by ``batch_isend_irecv``, which on gloo posts each on its own: every one after
     the first pays the link's latency again. Ping-pong on this 2-core VM, 8x16x32 floats and an
@@ -171,7 +179,7 @@ def stage_transfer_time(hw: HardwareProfile, nbytes: float, src: int, dst: int, 
     if runtime.hop_s is None:
         return link
     probe_bytes = (hw.points.get("pipeline") or {}).get("message_bytes", 0)
-    return max(0.0, runtime.hop_s - transfer_time(hw, probe_bytes, *runtime.probe_ranks)) + link
+    return max(0.0, runtime.hop_s + link - transfer_time(hw, probe_bytes, *runtime.probe_ranks))
 
 
 @dataclass(frozen=True)
