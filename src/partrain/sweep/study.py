@@ -18,13 +18,12 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 import time
 import warnings
 from dataclasses import dataclass
 
 from partrain.config import RunConfig
-from partrain.distributed.spawn import die_with_parent
+from partrain.distributed.spawn import die_with_parent, leave_at_once
 from partrain.errors import PartrainError
 from partrain.sweep.space import Dimension, train_command, trial_config
 from partrain.sweep.storage import GRACE_S, open_study
@@ -299,7 +298,6 @@ def slot_main(settings: SweepSettings) -> int:
         return run_slot(settings)
     except KeyboardInterrupt:
         # the sweep says it was interrupted; a traceback per slot would say nothing more. Its trial
-        # is told and its workers' folder removed: os._exit skips the interpreter's shutdown, which
+        # is told and its workers' folder removed: leaving skips the interpreter's shutdown, which
         # with torch loaded took 4 s on 2 busy cores, near the sweep's grace before it kills the slot
-        sys.stderr.flush()
-        os._exit(130)
+        leave_at_once(130)
