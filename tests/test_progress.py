@@ -13,18 +13,21 @@ from partrain.bench.suite import Cell
 
 
 def test_cell_progress_in_a_log_names_the_cell_the_count_left_and_an_eta(capsys):
+    """The ETA is the cells' own mean seconds times the cells left, whatever else took the
+    time between them (a model's or a link's profile, taken once before its first cell)."""
     cells = [Cell("mlp", "mnist", "serial", 1, 64, None, 0.01), Cell("mlp", "mnist", "ddp", 2, 64, None, 0.01),
-             Cell("cnn", "mnist", "ddp", 2, 64, None, 0.01)]
+             Cell("cnn", "mnist", "ddp", 2, 64, None, 0.01), Cell("cnn", "mnist", "serial", 1, 64, None, 0.01)]
     with CellProgress(len(cells), True) as progress:
-        for cell in cells:
+        for cell, seconds in zip(cells, (10.0, 30.0, 5.0, 5.0)):
             progress.begin(cell)
-            progress.end(cell, Outcome("skipped", "not here"))
+            progress.end(cell, Outcome("skipped", "not here"), seconds)
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("[")]
-    assert lines[0] == "[1/3, 2 left after it] mlp/mnist serial x1 b64 lr0.01"
-    assert lines[1].startswith("[2/3, 1 left after it, ETA ") and lines[1].endswith("mlp/mnist ddp x2 b64 lr0.01")
-    assert lines[2].startswith("[3/3, 0 left after it, ETA ") and "skipped  cnn/mnist ddp x2" in err
-    assert "3 cells: 3 skipped" in err
+    assert lines[0] == "[1/4, 3 left after it] mlp/mnist serial x1 b64 lr0.01"
+    assert lines[1] == "[2/4, 2 left after it, ETA 30 s] mlp/mnist ddp x2 b64 lr0.01"  # 10 s a cell, 3 left
+    assert lines[2] == "[3/4, 1 left after it, ETA 40 s] cnn/mnist ddp x2 b64 lr0.01"  # 20 s a cell, 2 left
+    assert lines[3] == "[4/4, 0 left after it, ETA 15 s] cnn/mnist serial x1 b64 lr0.01"
+    assert "skipped  cnn/mnist ddp x2" in err and "4 cells: 4 skipped" in err
 
 
 def test_cells_measured_before_leave_the_count_and_the_eta(capsys):

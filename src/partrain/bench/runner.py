@@ -28,7 +28,6 @@ from rich.progress import (
     Progress,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 from rich.text import Text
 
@@ -94,9 +93,10 @@ def run_cells(cells: list[Cell], store: Store, *, suite_name: str, data_dir: str
                 progress.console.print(f"partrain: {failed}; its cells run, validate cannot predict them")
             if beside:
                 beside.before(cell)
+            started = time.perf_counter()
             outcome = measure(cell, data_dir, timeout, progress.refresh)
             store.record(cell, hardware, outcome, suite_name, commit)
-            progress.end(cell, outcome)
+            progress.end(cell, outcome, time.perf_counter() - started)
 
         for cell in cells:
             run(cell)
@@ -284,6 +284,12 @@ def _now() -> str:
 class CellProgress:
     """One bar over the cells, with an ETA and the current cell, on stderr; a line per cell.
 
+    The ETA is the cells' own mean seconds (``end``'s) times the cells left: the profiles a
+    model's or a link's first cell waits for are taken once, not once a cell. Reckoned from
+    the time elapsed, issue 18's ``suites/nodes.toml`` (184 cells, a link profiled across the
+    emulated nodes before each of its first seven that run on nodes) read an ETA of 38,464 s
+    with eight cells done, and took 72 minutes in all (run116n).
+
     Redrawn by hand (``refresh``, from the runner's poll loop) rather than by rich's
     refresh thread: the runner forks cell processes, and forking while another thread
     holds a lock is how a child deadlocks.
@@ -297,10 +303,10 @@ class CellProgress:
         self.console = Console(stderr=True, highlight=False, soft_wrap=True)
         self.bar = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("({task.remaining:.0f} left)"),
-            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=self.console, auto_refresh=False,
-            speed_estimate_period=24 * 3600,  # the ETA from the mean time per cell so far, not the last few
+            TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"), console=self.console, auto_refresh=False,
         )
-        self.task = self.bar.add_task("cells", total=total)
+        self.task = self.bar.add_task("cells", total=total, eta="-")
+        self.ran, self.ran_s = 0, 0.0  # the cells run so far and their seconds
 
     def __enter__(self) -> CellProgress:
         if self.enabled:
@@ -322,7 +328,7 @@ class CellProgress:
         if not self.console.is_terminal:  # a log gets no live bar: one line per cell instead
             task = self.bar.tasks[0]
             done, left = int(task.completed), int(task.total - task.completed)
-            eta = f", ETA {task.elapsed / done * left:.0f} s" if done and task.elapsed else ""
+            eta = f", ETA {self.ran_s / self.ran * left:.0f} s" if self.ran else ""
             self.console.print(f"[{done + 1}/{task.total:.0f}, {left - 1} left after it{eta}] {cell.label}")
 
     def refresh(self) -> None:
@@ -333,10 +339,13 @@ class CellProgress:
         """``n`` more cells to run than counted at the start (cells run again)."""
         self.bar.update(self.task, total=self.bar.tasks[0].total + n)
 
-    def end(self, cell: Cell, outcome: Outcome | None) -> None:
-        """``outcome`` None: the cell was measured before and not run again."""
+    def end(self, cell: Cell, outcome: Outcome | None, seconds: float = 0.0) -> None:
+        """``outcome`` None: the cell was measured before and not run again; else it ran for
+        ``seconds`` (its process, its profiles apart)."""
         status = outcome.status if outcome else "measured"
         self.counts[status] = self.counts.get(status, 0) + 1
+        if outcome is not None:
+            self.ran, self.ran_s = self.ran + 1, self.ran_s + seconds
         if not self.enabled:
             return
         if outcome is None:
@@ -351,5 +360,6 @@ class CellProgress:
         if outcome is None:  # nothing to run: out of the count the ETA is reckoned over (it read 0 s on a resume)
             self.bar.update(self.task, total=self.bar.tasks[0].total - 1)
         else:
-            self.bar.advance(self.task)
+            left = self.bar.tasks[0].total - self.bar.tasks[0].completed - 1
+            self.bar.update(self.task, advance=1, eta=f"{self.ran_s / self.ran * left:.0f} s")
         self.bar.refresh()
