@@ -614,6 +614,18 @@ def test_compute_sharing_fit_from_the_probe():
     assert sharing2 == sharing and sync2 == {2: 0.0, 3: 0.0}
 
 
+
+def test_compute_sharing_beyond_the_cores_grows_from_the_cores_own():
+    """4 workers on 2 cores: the cores' factor (1.1) times the probe's ratio of 4 workers side by
+    side to the cores' 2 in adjacent windows (2.1), not 4 workers against rank 0 alone (3.0)."""
+    probes = {"4": {"alone_s": 0.004, "together_s": 0.012, "synced_s": 0.015, "beyond_cores": 2.1},
+              "2": {"alone_s": 0.004, "together_s": 0.0044, "synced_s": 0.005}}
+    sharing, _, _ = fit_compute_sharing(probes, cores=2)
+    assert sharing == pytest.approx({2: 1.1, 4: 2.31})
+    probes["4"]["beyond_cores"] = 0.9  # faster beside more workers: noise, the cores' factor
+    assert fit_compute_sharing(probes, cores=2)[0][4] == pytest.approx(1.1)
+
+
 def test_measured_sharing_never_beats_processor_sharing(mlp_profile, cluster):
     """A probe can catch whole short bursts between time slices; four busy single-threaded
     workers on two cores still get half a core each."""

@@ -46,9 +46,15 @@ def with_model_sharing(profile: ModelProfile, hw: HardwareProfile, threads: int,
     threads the plan's workers run."""
     own = profile.compute_sharing if profile.fingerprint == hw.fingerprint and profile.threads == threads else {}
     if own:
-        where = "measured for this model" if local in own else \
-            f"the hardware probe's convolution: the model's was measured up to {max(own)} workers"
-        return dataclasses.replace(hw, compute_sharing={**hw.compute_sharing, **own}), where
+        # beyond the workers the model measured (up to the cores), the probe's growth from there
+        # on the model's own factor there (``profile.hardware.fit_compute_sharing``)
+        top = max(own)
+        rescale = own[top] / hw.compute_sharing[top] if top in hw.compute_sharing else 1.0
+        beyond = {k: f * rescale for k, f in hw.compute_sharing.items() if k > top}
+        where = ("measured for this model" if local in own else
+                 f"the model's at {top} workers times the hardware probe's growth beyond" if local in beyond else
+                 "processor sharing of the cores: no probe measured it")
+        return dataclasses.replace(hw, compute_sharing={**hw.compute_sharing, **own, **beyond}), where
     if local in hw.compute_sharing:
         why = "not measured for this model" if not profile.compute_sharing else "the model's was measured elsewhere"
         return hw, f"the hardware probe's convolution: {why}"
