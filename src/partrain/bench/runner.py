@@ -328,8 +328,12 @@ class CellProgress:
         if not self.console.is_terminal:  # a log gets no live bar: one line per cell instead
             task = self.bar.tasks[0]
             done, left = int(task.completed), int(task.total - task.completed)
-            eta = f", ETA {self.ran_s / self.ran * left:.0f} s" if self.ran else ""
+            eta = f", ETA {self._eta(left)}" if self.ran else ""
             self.console.print(f"[{done + 1}/{task.total:.0f}, {left - 1} left after it{eta}] {cell.label}")
+
+    def _eta(self, left: int) -> str:
+        """The cells ``left`` at the mean seconds of those run so far (at least one)."""
+        return f"{self.ran_s / self.ran * left:.0f} s"
 
     def refresh(self) -> None:
         if self.enabled:
@@ -361,5 +365,5 @@ class CellProgress:
             self.bar.update(self.task, total=self.bar.tasks[0].total - 1)
         else:
             left = self.bar.tasks[0].total - self.bar.tasks[0].completed - 1
-            self.bar.update(self.task, advance=1, eta=f"{self.ran_s / self.ran * left:.0f} s")
+            self.bar.update(self.task, advance=1, eta=self._eta(left))
         self.bar.refresh()
