@@ -610,20 +610,24 @@ def test_compute_sharing_fit_from_the_probe():
     assert sync[2] == pytest.approx(0.0085 - 0.005)
     assert sync[3] == 0.0  # a window read faster with the sync than without: noise, no cost
     # with a core each, what the probe reads beyond computing is not a cost of its own
+    # (and 3 workers beyond 2 cores slow down from the cores' 1.25 by their synchronised windows'
+    # ratio, here under 1: noise, the cores' factor)
     sharing2, sync2, _ = fit_compute_sharing(probes, cores=2)
-    assert sharing2 == sharing and sync2 == {2: 0.0, 3: 0.0}
+    assert sharing2 == {2: 1.25, 3: 1.25} and sync2 == {2: 0.0, 3: 0.0}
 
 
 
 def test_compute_sharing_beyond_the_cores_grows_from_the_cores_own():
-    """4 workers on 2 cores: the cores' factor (1.1) times the probe's ratio of 4 workers side by
-    side to the cores' 2 in adjacent windows (2.1), not 4 workers against rank 0 alone (3.0)."""
-    probes = {"4": {"alone_s": 0.004, "together_s": 0.012, "synced_s": 0.015, "beyond_cores": 2.1},
+    """4 workers on 2 cores: the cores' factor (1.1) times the ratio of the synchronised windows
+    of 4 and 2 workers (12 ms / 5 ms), not 4 free-running workers against rank 0 alone (4.0)."""
+    probes = {"4": {"alone_s": 0.004, "together_s": 0.016, "synced_s": 0.012},
               "2": {"alone_s": 0.004, "together_s": 0.0044, "synced_s": 0.005}}
-    sharing, _, _ = fit_compute_sharing(probes, cores=2)
-    assert sharing == pytest.approx({2: 1.1, 4: 2.31})
-    probes["4"]["beyond_cores"] = 0.9  # faster beside more workers: noise, the cores' factor
+    sharing, sync, computed = fit_compute_sharing(probes, cores=2)
+    assert sharing == pytest.approx({2: 1.1, 4: 1.1 * 2.4})
+    assert sync == {2: 0.0, 4: 0.0} and computed == {2: 0.0044, 4: 0.016}  # as before: the free-running window
+    probes["4"]["synced_s"] = 0.004  # faster than the cores' own: noise, the cores' factor
     assert fit_compute_sharing(probes, cores=2)[0][4] == pytest.approx(1.1)
+    assert fit_compute_sharing(probes, cores=4)[0][4] == pytest.approx(4.0)  # within the cores, against alone
 
 
 def test_measured_sharing_never_beats_processor_sharing(mlp_profile, cluster):

@@ -125,13 +125,10 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
         out["compute_sharing"] = {}
         say(f"compute with 2..{info.local_world_size} workers side by side")
         out["step_sync"] = {}
-        cores = torch.tensor([machine().cpu_cores], device=device)
-        dist.broadcast(cores, 0)  # node 0's: every rank must create the same groups
-        on_cores = dist.new_group(list(range(int(cores.item())))) if info.local_world_size > cores.item() else None
         for k in range(2, info.local_world_size + 1):  # the first k workers of node 0 busy, the rest idle
             group = dist.new_group(list(range(k)))  # every rank creates every group
             if info.rank < k:
-                out["compute_sharing"][k] = measure_compute_sharing(group, device, cores_group=on_cores if k > cores.item() else None)
+                out["compute_sharing"][k] = measure_compute_sharing(group, device)
                 if device.type == "cpu":  # beyond the cores too: the probe's compute is the mean call
                     out["step_sync"][k] = measure_step_sync(group, device)
             dist.barrier()
@@ -181,10 +178,17 @@ def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dic
     computing side by side, never below 1; k -> what a synchronisation after computing costs
     beyond the computing and the collective's own time in a tight loop, never below 0, and 0
     where the k single-threaded workers fit on the ``cores``; k -> the compute each worker ran
-    side by side before it, ``together_s``, which ``Env.sync_after`` scales it by). Beyond the
-    cores the slowdown is the cores' own times the probe's ``beyond_cores`` (not its ``alone_s``:
-    ``measure_compute_sharing`` says why), which ``predict.compute.with_model_sharing`` puts on
-    the model's own factor at the cores.
+    side by side before it, ``together_s``, which ``Env.sync_after`` scales it by).
+
+    Beyond the cores the slowdown is the cores' own times the ratio of the synchronised windows,
+    ``synced_s`` of k workers over that of as many as the cores (``predict.compute.with_model_sharing``
+    puts that ratio on the model's own factor at the cores). A training step synchronises; a
+    window of free-running workers beyond the cores did not read as one: since each worker runs
+    in a session of its own (3498d28), a scheduler group apiece, 4 of them on 2 vCPUs could stay
+    three to one vCPU for a whole window, and their ``together_s`` read 11.2-16.1 ms in five
+    4-worker profiles (against rank 0 alone, 2.1-3.3x), where ``synced_s`` read 12.3-13.2 and its
+    ratio to 2 workers' 2.20-2.32 (session 99). Fitted so, issue 17's run118u and run119u read
+    5.7% and 7.0% where the free-running factor read 6.7% and 12.9% (4-worker DDP +41% to +52%).
 
     A synchronisation costs something of its own only when workers outnumber the cores: the
     last to get its share of them sets when the collective starts, and a waiting worker wakes
@@ -209,11 +213,11 @@ def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dic
     5%); the step probe at 4 workers read 4.6-5.8 ms of excess after 1.4-4.3 ms of compute,
     where the scaled figure and the sweep's fit made 4.2-5.1."""
     sharing, sync, compute = {}, {}, {}
-    for k, t in sorted(probes.items(), key=lambda kt: int(kt[0])):
-        k = int(k)
+    probes = {int(k): t for k, t in probes.items()}  # JSON keys are strings
+    for k, t in sorted(probes.items()):
         sharing[k] = max(1.0, t["together_s"] / t["alone_s"])
-        if "beyond_cores" in t and cores in sharing:  # the cores' own sharing, times what the extra workers add
-            sharing[k] = max(1.0, t["beyond_cores"]) * sharing[cores]
+        if k > cores and cores in probes:  # beyond the cores: the synchronised windows', from the cores' own
+            sharing[k] = max(1.0, t["synced_s"] / probes[cores]["synced_s"]) * sharing[cores]
         sync[k] = max(0.0, t["synced_s"] - t["together_s"]) if k > cores else 0.0
         compute[k] = t["together_s"]
     return sharing, sync, compute

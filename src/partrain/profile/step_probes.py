@@ -249,47 +249,47 @@ def _training_kernel(group, device, rows: int = 8) -> tuple:
 
 
 def measure_compute_sharing(group, device, target_s: float = 0.005, repeats: int = 20, window_s: float = 0.3,
-                            rounds: int = 3, cores_group=None) -> dict:
+                            rounds: int = 3) -> dict:
     """How the node runs its workers' compute side by side, and what a synchronisation after
     computing costs. Every rank of ``group`` calls this; its rank 0's timings are returned.
 
-    A training kernel (a 3x3 convolution's forward and backward on 8 x 32 x 28 x 28, a few MB
-    live), calibrated by rank 0 alone to about ``target_s``, timed (each the median of
-    ``rounds`` alternations): on rank 0 alone while the others wait (``alone_s``); on every
-    rank at once for ``window_s`` (``together_s``, the mean over the ranks: cores, SMT
-    siblings, caches and memory bandwidth shared); the same, each call followed by a 4-byte
-    allreduce (``synced_s``: what a step's synchronisation costs beyond its compute, the
-    slowest rank's lead and the wake-ups of idle ranks). With more ranks than cores,
-    ``cores_group`` (the first ``cores`` ranks) side by side too, in a window right before each
-    of ``together``'s, ``beyond_cores`` the median of the rounds' ratios: against ``alone_s``, 4
-    workers on the 2-vCPU VM read 1.56-2.51 in six probes of an hour (3.07 in run117u's
-    profile, its 4-worker DDP cells 41-50% over), its vCPUs running the kernel at 4.9 or 8.3 ms
-    in spells that held through a probe, the one rank 0 ran on setting the factor; both windows
-    side by side span both vCPUs, and their ratio read 1.84-2.37 (session 99).
+    One fixed piece of single-threaded compute, calibrated by rank 0 alone to about
+    ``target_s``, is timed three ways. It is a training kernel: a 3x3 convolution's forward and
+    backward on 8 x 32 x 28 x 28 activations, a few MB live, beyond a core's own cache. (A
+    product of small cache-resident matrices shared 4 workers on 2 cores at exactly 2.0x;
+    this convolution, a 1024 x 1024 product and partrain's cnn all ran 2.2-2.4x slower side
+    by side: each time slice starts on a cold cache.) The three ways: on rank 0 alone while
+    the others wait (``alone_s``); on every rank at once for ``window_s`` (``together_s``,
+    averaged over the ranks: sharing cores, SMT siblings, caches and memory bandwidth, which a
+    core count alone does not tell); and on every rank at once, each followed by a 4-byte
+    allreduce (``synced_s``). Alone and side by side alternate over ``rounds`` and each
+    keeps its median: one run of the 2-worker probe measured 1.31x where others measured
+    1.00-1.06x. ``synced_s - together_s`` is what one synchronisation point of a training
+    step costs beyond the computation: the slowest rank's lead, and waking ranks that went
+    idle waiting, which on a virtual machine takes far longer than a collective between busy
+    ranks.
     """
     burn, one = _training_kernel(group, device)
     n = max(1, round(target_s / one))
     rank = dist.get_rank(group)
     token = torch.zeros(1, device=device)
-    alone, together, synced, beyond = [], [], [], []
+    alone, together, synced = [], [], []
     for _ in range(rounds):  # alternated: a passing slowdown of the machine spoils one round, not the median
         dist.barrier(group)
         alone.append(_median_of(lambda: burn(n), repeats) if rank == 0 else 0.0)
         dist.barrier(group)
-        if cores_group is not None:  # the cores' ranks side by side, the others waiting (rank 0 among them)
-            on_cores = (_seconds_per_call_side_by_side(lambda: burn(n), window_s, cores_group, device)
-                        if dist.get_rank() in dist.get_process_group_ranks(cores_group) else 0.0)
-            dist.barrier(group)
         together.append(_seconds_per_call_side_by_side(lambda: burn(n), window_s, group, device))
-        beyond += [together[-1] / on_cores] if cores_group is not None and rank == 0 else []
-        # with a synchronisation after each call, a window's mean as ``together`` (a median call against
-        # it read 0.1-4.0 ms for 4 workers on 2 cores), of a fixed number of calls, the same on every rank
+        # the same window with a synchronisation after each call: measured as ``together`` is (a
+        # mean over a window and the ranks), so that their difference is the synchronisation's.
+        # (Rank 0's median call against the window's mean read 0.1-4.0 ms for the same 4 workers
+        # on 2 cores in three profiles an hour apart: the median of time-sliced calls is not their mean.)
+        # (A fixed number of calls, the same on every rank: each call ends in a collective.)
         calls = max(3, round(window_s / together[-1]))  # together[-1] is the same on every rank
         synced.append(_seconds_per_call_side_by_side(lambda: (burn(n), dist.all_reduce(token, group=group)),
                                                      window_s, group, device, calls=calls))
     dist.barrier(group)
-    return {key: statistics.median(values) for key, values in (("alone_s", alone), ("together_s", together),
-                                                               ("synced_s", synced), ("beyond_cores", beyond)) if values}
+    return {"alone_s": statistics.median(alone), "together_s": statistics.median(together),
+            "synced_s": statistics.median(synced)}
 
 
 # compute each worker runs side by side between synchronisations in ``measure_step_sync``, and the
