@@ -616,7 +616,6 @@ def test_compute_sharing_fit_from_the_probe():
     assert sharing2 == {2: 1.25, 3: 1.25} and sync2 == {2: 0.0, 3: 0.0}
 
 
-
 def test_compute_sharing_beyond_the_cores_grows_from_the_cores_own():
     """4 workers on 2 cores: the cores' factor (1.1) times the ratio of the synchronised windows
     of 4 and 2 workers (12 ms / 5 ms), not 4 free-running workers against rank 0 alone (4.0)."""

@@ -13,6 +13,7 @@ from partrain.cli import main
 from partrain.errors import PartrainError
 from partrain.predict.cluster import load_cluster
 from partrain.predict.fits import COLLECTIVES, default_sizes
+from partrain.predict.machine import fingerprint as machine
 from partrain.predict.profiles import HardwareProfile, ModelProfile
 from partrain.profile import cache as cache_module
 from partrain.profile import model as model_module
@@ -22,7 +23,6 @@ from partrain.profile.hardware import fit_measurements, group_sizes, profile_har
 from partrain.profile.pipeline_fits import fit_message_cpu
 from partrain.profile.step_probes import SYNC_BYTES, SYNC_COMPUTES_S
 from partrain.profile.model import profile_model
-from partrain.predict.machine import fingerprint as machine
 from partrain.profile.step_probes import LOADS
 
 
