@@ -184,9 +184,9 @@ def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dic
     ``synced_s`` of k workers over that of as many as the cores (``predict.compute.with_model_sharing``
     puts that ratio on the model's own factor at the cores). A training step synchronises; a
     window of free-running workers beyond the cores did not read as one: 4 of them on 2 vCPUs,
-    each in a session (a scheduler group) of its own since 3498d28, read ``together_s`` 11.2-16.1
-    ms in five 4-worker profiles (2.1-3.3x rank 0 alone), above the synchronised ``synced_s`` in
-    two of them, as only cores shared unevenly for the window can make it, where ``synced_s`` read
+    each in a session (a scheduler group) of its own since 3498d28, read ``together_s`` 10.7-16.1
+    ms in five 4-worker profiles (2.2-3.3x rank 0 alone), above the synchronised ``synced_s`` in
+    three of them (by 1-28%), as only cores shared unevenly for a window can, where ``synced_s`` read
     12.3-13.2 and its ratio to 2 workers' 2.20-2.32 (session 99). Fitted so, issue 17's run118u
     and run119u read 5.7% and 7.0% where the free-running factor read 6.7% and 12.9% (run119u's
     4-worker DDP +36% to +52%).
