@@ -19,6 +19,7 @@ from partrain.data import (
     load_dataset,
     resolve_data_dir,
 )
+from partrain.data.load import reused_splits
 from partrain.errors import PartrainError
 
 MNIST_FILES = [f"{s}-{k}-ubyte.gz" for s in ("train", "t10k") for k in ("images-idx3", "labels-idx1")]
@@ -120,6 +121,19 @@ def test_mnist_test_and_limit(data_dir):
     first = load_dataset("mnist", "test", data_dir=data_dir, limit=100)
     assert len(first) == 100
     assert torch.equal(first.get(torch.arange(100))[0], test.get(torch.arange(100))[0])
+
+
+def test_a_split_read_again_inside_reused_splits_shares_its_tensors(mnist_copy):
+    root, folder = mnist_copy
+    with reused_splits():
+        first = load_dataset("mnist", "test", data_dir=root)
+        part = load_dataset("mnist", "test", data_dir=root, limit=10)  # another split: read
+        assert len(part) == 10 and part.pixels is not first.pixels
+        (folder / "t10k-labels-idx1-ubyte.gz").unlink()  # not read again: the split is the one read
+        again = load_dataset("mnist", "test", data_dir=root)
+        assert again is not first and again.pixels is first.pixels and again.labels is first.labels
+    with raises_naming(folder / "t10k-labels-idx1-ubyte", "not found"):  # outside, the files as they are
+        load_dataset("mnist", "test", data_dir=root)
 
 
 def test_single_items_and_dataloader(mnist_train):

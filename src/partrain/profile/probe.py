@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 
 from partrain.data import load_dataset
+from partrain.data.load import reused_splits
 from partrain.distributed.launch import (
     LaunchInfo,
     init_process_group,
@@ -72,7 +73,8 @@ def baseline_probe() -> None:
     # (``leave_process_group``), which walks every object torch's import made: 0.1 s each, 1 s
     # of a small model's 4.4 s probe. Frozen, those objects are skipped: only the runs' own are walked.
     gc.freeze()
-    print(json.dumps(cuda_probe(args) if args["run"]["device"] == "cuda" else _cpu_probe(args)))
+    with reused_splits():  # the world-of-one runs below load the data the probe loaded already
+        print(json.dumps(cuda_probe(args) if args["run"]["device"] == "cuda" else _cpu_probe(args)))
     leave_at_once()  # the profiler waits on this process's exit: not on its teardown
 
 
@@ -346,7 +348,8 @@ def measure_memory(model: str, dataset: str, input_shape, num_classes: int, batc
         gc.collect()
         gc.freeze()  # the world-of-one runs' full collections walk only their own objects (see baseline_probe)
         try:
-            return cuda_probe(args)
+            with reused_splits():
+                return cuda_probe(args)
         finally:
             gc.unfreeze()
     proc = subprocess.run([*python_command(), "-c", "from partrain.profile.probe import baseline_probe; baseline_probe()",
