@@ -172,8 +172,9 @@ def test_bench_profile_times_the_machines_pace_before_each_cell_and_validate_rea
 
 def test_bench_profile_times_a_pace_window_at_most_every_pace_every_s(tmp_path, monkeypatch):
     """Cells 20 s apart on the bench's clock: a window before the first, then before the first
-    cell at least ``PACE_EVERY_S`` (30 s) after the last window; building the step counted once."""
+    cell at least ``PACE_EVERY_S`` (30 s here) after the last window; building the step counted once."""
     clock, sampled, kept = {"t": 0.0}, [], tmp_path / "kept.json"
+    monkeypatch.setattr(profiles, "PACE_EVERY_S", 30.0)
     kept.write_text("{}")
     monkeypatch.setattr(profiles, "time", SimpleNamespace(perf_counter=lambda: clock["t"]))
     monkeypatch.setattr(profiles, "load_or_profile", lambda *a, **k: (SimpleNamespace(pace_s=[1e-3]), kept, False))

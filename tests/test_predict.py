@@ -610,23 +610,24 @@ def test_compute_sharing_fit_from_the_probe():
     assert sync[2] == pytest.approx(0.0085 - 0.005)
     assert sync[3] == 0.0  # a window read faster with the sync than without: noise, no cost
     # with a core each, what the probe reads beyond computing is not a cost of its own
-    # (and 3 workers beyond 2 cores slow down from the cores' 1.25 by their synchronised windows'
-    # ratio, here under 1: noise, the cores' factor)
+    # (and 3 workers on 2 cores time-slice them: the cores' 1.25 times 3 / 2)
     sharing2, sync2, _ = fit_compute_sharing(probes, cores=2)
-    assert sharing2 == {2: 1.25, 3: 1.25} and sync2 == {2: 0.0, 3: 0.0}
+    assert sharing2 == pytest.approx({2: 1.25, 3: 1.875}) and sync2 == {2: 0.0, 3: 0.0}
 
 
-def test_compute_sharing_beyond_the_cores_grows_from_the_cores_own():
-    """4 workers on 2 cores: the cores' factor (1.1) times the ratio of the synchronised windows
-    of 4 and 2 workers (12 ms / 5 ms), not 4 free-running workers against rank 0 alone (4.0)."""
+def test_compute_sharing_beyond_the_cores_is_the_cores_own_time_sliced():
+    """4 workers on 2 cores: the cores' factor (1.1) times 4 / 2, whatever either window beyond the
+    cores read: free-running workers against rank 0 alone (4.0), or synchronised ones against the
+    cores' (12 ms / 5 ms, each call's allreduce in it)."""
     probes = {"4": {"alone_s": 0.004, "together_s": 0.016, "synced_s": 0.012},
               "2": {"alone_s": 0.004, "together_s": 0.0044, "synced_s": 0.005}}
     sharing, sync, computed = fit_compute_sharing(probes, cores=2)
-    assert sharing == pytest.approx({2: 1.1, 4: 1.1 * 2.4})
+    assert sharing == pytest.approx({2: 1.1, 4: 1.1 * 2})
     assert sync == {2: 0.0, 4: 0.0} and computed == {2: 0.0044, 4: 0.016}  # as before: the free-running window
-    probes["4"]["synced_s"] = 0.004  # faster than the cores' own: noise, the cores' factor
-    assert fit_compute_sharing(probes, cores=2)[0][4] == pytest.approx(1.1)
+    probes["4"]["synced_s"] = 0.004
+    assert fit_compute_sharing(probes, cores=2)[0][4] == pytest.approx(2.2)
     assert fit_compute_sharing(probes, cores=4)[0][4] == pytest.approx(4.0)  # within the cores, against alone
+    assert fit_compute_sharing(probes, cores=3)[0][4] == pytest.approx(4.0)  # beyond, but the cores' count not probed
 
 
 def test_measured_sharing_never_beats_processor_sharing(mlp_profile, cluster):

@@ -60,15 +60,16 @@ def test_the_models_own_sharing_replaces_the_hardware_probes(two_cores):
     assert one_core.compute_s == pytest.approx(probe_only.compute_s * 2.0 / 1.5)
 
 
-def test_beyond_the_models_workers_the_probes_growth_goes_on_the_models_own(two_cores):
-    """The model measured 2 workers (1.05x), the probe 2 (1.5x) and 4 (3.3x): 4 workers of the
-    model compute 3.3 / 1.5 * 1.05 = 2.31x slower, above the cores' processor sharing (2x)."""
+def test_beyond_the_models_workers_the_hardwares_growth_goes_on_the_models_own(two_cores):
+    """The model measured 2 workers (1.05x), the hardware profile says 2 (1.5x) and 4 (3.3x): 4
+    workers of the model compute 3.3 / 1.5 * 1.05 = 2.31x slower, above the cores' processor
+    sharing (2x)."""
     hw = dataclasses.replace(two_cores, workers_per_node=4, compute_sharing={2: 1.5, 4: 3.3})
     plan = Plan("ddp", workers=4, batch_size=32, dp=4, threads=1)
     probe_only = predict_plan(_profile(hw.fingerprint, {}), hw, plan)
     own = predict_plan(_profile(hw.fingerprint, {2: 1.05}), hw, plan)
     assert own.compute_s == pytest.approx(probe_only.compute_s * 2.31 / 3.3)
-    assert any("2.31x (the model's at 2 workers times the hardware probe's growth beyond)" in n for n in own.notes)
+    assert any("2.31x (the model's at 2 workers times the hardware profile's growth beyond)" in n for n in own.notes)
     # under processor sharing of the cores, the floor
     low = predict_plan(_profile(hw.fingerprint, {2: 1.05}), dataclasses.replace(hw, compute_sharing={2: 1.5, 4: 2.4}), plan)
     assert low.compute_s == pytest.approx(probe_only.compute_s * 2.0 / 3.3)

@@ -46,13 +46,13 @@ def with_model_sharing(profile: ModelProfile, hw: HardwareProfile, threads: int,
     threads the plan's workers run."""
     own = profile.compute_sharing if profile.fingerprint == hw.fingerprint and profile.threads == threads else {}
     if own:
-        # beyond the workers the model measured (up to the cores), the probe's growth from there
-        # on the model's own factor there (``profile.hardware.fit_compute_sharing``)
+        # beyond the workers the model measured (up to the cores), the hardware profile's growth from
+        # there (the cores time-sliced: ``profile.hardware.fit_compute_sharing``) on the model's own factor
         top = max(own)
         rescale = own[top] / hw.compute_sharing[top] if top in hw.compute_sharing else 1.0
         beyond = {k: f * rescale for k, f in hw.compute_sharing.items() if k > top}
         where = ("measured for this model" if local in own else
-                 f"the model's at {top} workers times the hardware probe's growth beyond" if local in beyond else
+                 f"the model's at {top} workers times the hardware profile's growth beyond" if local in beyond else
                  "processor sharing of the cores: no probe measured it")
         return dataclasses.replace(hw, compute_sharing={**hw.compute_sharing, **own, **beyond}), where
     if local in hw.compute_sharing:

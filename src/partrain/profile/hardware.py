@@ -180,16 +180,18 @@ def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dic
     where the k single-threaded workers fit on the ``cores``; k -> the compute each worker ran
     side by side before it, ``together_s``, which ``Env.sync_after`` scales it by).
 
-    Beyond the cores the slowdown is the cores' own times the ratio of the synchronised windows,
-    ``synced_s`` of k workers over that of as many as the cores (``predict.compute.with_model_sharing``
-    puts that ratio on the model's own factor at the cores). A training step synchronises; a
-    window of free-running workers beyond the cores did not read as one: 4 of them on 2 vCPUs,
-    each in a session (a scheduler group) of its own since 3498d28, read ``together_s`` 10.7-16.1
+    Beyond the cores the slowdown is the cores' own times k / cores: the extra workers time-slice
+    the cores, each slice running as the cores' workers side by side ran. Neither window beyond the
+    cores reads the compute alone. Free-running, 4 workers on 2 vCPUs read ``together_s`` 10.7-16.1
     ms in five 4-worker profiles (2.2-3.3x rank 0 alone), above the synchronised ``synced_s`` in
-    three of them (by 1-28%), as only cores shared unevenly for a window can, where ``synced_s`` read
-    12.3-13.2 and its ratio to 2 workers' 2.20-2.32 (session 99). Fitted so, issue 17's run118u
-    and run119u read 5.7% and 7.0% where the free-running factor read 6.7% and 12.9% (run119u's
-    4-worker DDP +36% to +52%).
+    three of them, as only cores shared unevenly for a window can (session 99). Synchronised, each
+    call also pays the 4-byte allreduce's wake-ups, which the step probe's excess
+    (``HardwareProfile.step_sync``) adds again: on session 100's VM its 2-worker window read 1.1 ms
+    over the compute alone, the 4-worker one 13.1 ms, a ratio of 2.66 (2.20-2.32 on session 99's),
+    and issue 17's 4-worker DDP and local SGD cells read +17% to +52% with it. Time-sliced instead
+    (the model's own factor at 2 workers times 2), the same cells of that pass read -20% to +25%,
+    the pass 10.5% where it read 12.2%; on session 99's VM, run120u's tokens3d cells +5% to +13%
+    where its ratio's 2.26 read +16% to +23%.
 
     A synchronisation costs something of its own only when workers outnumber the cores: the
     last to get its share of them sets when the collective starts, and a waiting worker wakes
@@ -217,8 +219,8 @@ def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dic
     probes = {int(k): t for k, t in probes.items()}  # JSON keys are strings
     for k, t in sorted(probes.items()):
         sharing[k] = max(1.0, t["together_s"] / t["alone_s"])
-        if k > cores and cores in probes:  # beyond the cores: the synchronised windows', from the cores' own
-            sharing[k] = max(1.0, t["synced_s"] / probes[cores]["synced_s"]) * sharing[cores]
+        if k > cores and cores in probes:  # beyond the cores: the cores' own, time-sliced
+            sharing[k] = sharing[cores] * k / cores
         sync[k] = max(0.0, t["synced_s"] - t["together_s"]) if k > cores else 0.0
         compute[k] = t["together_s"]
     return sharing, sync, compute
