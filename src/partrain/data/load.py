@@ -55,6 +55,7 @@ _STATS = {
 }
 _IDX_FOLDERS = {"mnist": "mnist", "fashion-mnist": "fashion-mnist", "emnist": "emnist"}
 _CIFAR_FOLDERS = ("cifar10", "cifar-10-batches-bin", "cifar10_sample")
+_OCR_FILES = {"train": "largeTrain.csv", "test": "largeValidation.csv"}
 
 _reused: dict | None = None  # inside ``reused_splits``: the splits read from files so far
 
@@ -72,7 +73,6 @@ def reused_splits() -> Iterator[None]:
         yield
     finally:
         _reused = outer
-_OCR_FILES = {"train": "largeTrain.csv", "test": "largeValidation.csv"}
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path:

@@ -190,8 +190,8 @@ def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dic
     over the compute alone, the 4-worker one 13.1 ms, a ratio of 2.66 (2.20-2.32 on session 99's),
     and issue 17's 4-worker DDP and local SGD cells read -7% to +52% with it (+21% on average).
     Time-sliced instead (the model's own factor at 2 workers times 2), the same cells of that pass
-    (run121u) read -20% to +25% (+2%), the pass 10.5% where it read 12.2%; on session 99's VM, run120u's tokens3d cells +5% to +13%
-    where its ratio's 2.26 read +16% to +23%.
+    (run121u) read -20% to +25% (+2%), the pass 10.5% where it read 12.2%; on session 99's VM,
+    run120u's tokens3d cells +5% to +13% where its ratio's 2.26 read +16% to +23%.
 
     A synchronisation costs something of its own only when workers outnumber the cores: the
     last to get its share of them sets when the collective starts, and a waiting worker wakes
