@@ -22,7 +22,7 @@ DDP = ["train", "--model", "mlp", "--strategy", "ddp", "--workers", "2", "--thre
        "--batch-size", "64", "--eval-limit", "64", "--timeout", "20", "--quiet"]
 
 
-def _start(args: list[str], data_dir: Path, tmp_path: Path) -> subprocess.Popen:
+def _start(args: list[str], data_dir: Path, tmp_path: Path, start_method: str | None = None) -> subprocess.Popen:
     """A ``partrain`` command in a session of its own (as a terminal's job), its temp dir private,
     with Ctrl-C's default disposition as a terminal gives it: a shell without job control
     starts its background jobs with SIGINT ignored, and Python then installs no handler for it
@@ -30,6 +30,8 @@ def _start(args: list[str], data_dir: Path, tmp_path: Path) -> subprocess.Popen:
     scratch = tmp_path / "tmp"
     scratch.mkdir(exist_ok=True)
     env = {**os.environ, "PARTRAIN_DATA_DIR": str(data_dir), "TMPDIR": str(scratch)}
+    if start_method:  # the suite's is the fork server (tests/conftest.py)
+        env["PARTRAIN_START_METHOD"] = start_method
     return subprocess.Popen([PARTRAIN, *args], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -48,11 +50,16 @@ def _children(pid: int) -> list[int]:
 
 
 def _workers(launcher: int, n: int, timeout: float = 120) -> list[int]:
-    """The launcher's worker processes, once all ``n`` have started their training loop."""
+    """The launcher's ``n`` worker processes, once all have started: its spawned children, or its fork server's."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        kids = [k for k in _children(launcher) if "multiprocessing" in Path(f"/proc/{k}/cmdline").read_text(errors="ignore")
-                and "resource_tracker" not in Path(f"/proc/{k}/cmdline").read_text(errors="ignore")]
+        kids = []
+        for k in _children(launcher):
+            command = Path(f"/proc/{k}/cmdline").read_text(errors="ignore")
+            if "forkserver" in command:
+                kids += _children(k)
+            elif "multiprocessing" in command and "resource_tracker" not in command:
+                kids.append(k)
         if len(kids) >= n:
             return kids
         time.sleep(0.05)
@@ -138,8 +145,10 @@ def test_resume_applies_a_new_learning_rate_and_says_so(data_dir, tmp_path, ten_
     assert faster[:10] == same[:10] and faster[10:] != same[10:]
 
 
-def test_the_launchers_death_takes_its_workers_with_it(data_dir, tmp_path):
-    proc = _start([*DDP, "--epochs", "200"], data_dir, tmp_path)
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_the_launchers_death_takes_its_workers_with_it(data_dir, tmp_path, start_method):
+    """Spawned, the workers are the launcher's children; forked, its fork server's, which leaves with it."""
+    proc = _start([*DDP, "--epochs", "200"], data_dir, tmp_path, start_method)
     workers = _workers(proc.pid, 2)
     os.kill(proc.pid, signal.SIGKILL)  # the launcher alone
     proc.wait()
@@ -151,10 +160,11 @@ def test_the_launchers_death_takes_its_workers_with_it(data_dir, tmp_path):
     assert not any(_alive(w) for w in workers)
 
 
-@pytest.mark.parametrize("sig, after_s", [(signal.SIGINT, 0.2), (signal.SIGINT, 3.0), (signal.SIGTERM, 1.0)])
-def test_interrupting_a_two_worker_run_is_one_line_and_status_130(sig, after_s, data_dir, tmp_path):
-    """At 0.2 s the workers are still importing torch; at 3 s they are training."""
-    proc = _start([*DDP, "--epochs", "200"], data_dir, tmp_path)
+@pytest.mark.parametrize("sig, after_s, start_method", [(signal.SIGINT, 0.2, "spawn"), (signal.SIGINT, 0.2, None),
+                                                      (signal.SIGINT, 3.0, None), (signal.SIGTERM, 1.0, None)])
+def test_interrupting_a_two_worker_run_is_one_line_and_status_130(sig, after_s, start_method, data_dir, tmp_path):
+    """At 0.2 s the workers are still importing torch (spawned) or starting; at 3 s they are training."""
+    proc = _start([*DDP, "--epochs", "200"], data_dir, tmp_path, start_method)
     workers = _workers(proc.pid, 2)
     _handles_sigint(proc.pid)
     time.sleep(after_s)

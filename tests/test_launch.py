@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from partrain.distributed.launch import (
     free_port,
     peer_left,
 )
-from partrain.distributed.spawn import _state
+from partrain.distributed.spawn import _state, spawn
 from partrain.errors import PartrainError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -191,3 +192,42 @@ def test_the_rank_that_left_is_named_not_the_peer_its_leaving_cut_off():
     # not "worker rank 1 failed (RuntimeError: ...)", and no casualty's traceback burying the line
     assert proc.stdout == "raised: the bad input rank 0 found\n", proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def _what_a_worker_sees(burn_s: float) -> tuple[str | None, str, int]:
+    deadline = time.process_time() + burn_s
+    while time.process_time() < deadline:  # CPU its launcher is to count as its own
+        pass
+    return os.environ.get("PARTRAIN_TEST_SEEN"), os.getcwd(), os.getppid()
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_workers_see_the_launchers_environment_and_directory_now_and_count_as_its_cpu(tmp_path, monkeypatch,
+                                                                                       start_method):
+    """Forked, workers come from a server that started with the first run: each sees the
+    environment and working directory its launcher has when it starts them (not the server's from
+    then), as spawned ones do, and their CPU counts as the launcher's own, as a profile's measure
+    of other processes' load needs."""
+    from partrain.profile.timing import cpu_seconds
+
+    monkeypatch.setenv("PARTRAIN_START_METHOD", start_method)
+    first = spawn(_what_a_worker_sees, (0.0,), 2)
+    monkeypatch.setenv("PARTRAIN_TEST_SEEN", "after")
+    monkeypatch.chdir(tmp_path)
+    before = cpu_seconds()[1]
+    later = spawn(_what_a_worker_sees, (0.5,), 2)
+    assert cpu_seconds()[1] - before >= 2 * 0.5 * 0.9  # clock ticks: 10 ms each
+    assert [seen for seen, _, _ in later.values()] == ["after", "after"]
+    assert all(cwd == str(tmp_path) for _, cwd, _ in later.values())
+    parents = {parent for _, _, parent in first.values()} | {parent for _, _, parent in later.values()}
+    if start_method == "spawn":
+        assert parents == {os.getpid()}
+    else:  # one server for both runs, not this process
+        assert len(parents) == 1 and parents != {os.getpid()}
+
+
+def test_an_unknown_start_method_is_one_line(monkeypatch):
+    monkeypatch.setenv("PARTRAIN_START_METHOD", "fork")
+    with pytest.raises(PartrainError, match="PARTRAIN_START_METHOD=fork: use spawn or forkserver"):
+        spawn(_what_a_worker_sees, (0.0,), 2)

@@ -106,14 +106,15 @@ def test_children_start_with_the_working_directory_off_the_import_path(tmp_path)
     assert not marker.exists()
 
 
-def test_planted_modules_never_run_in_a_two_worker_run_or_a_bench_cell(data_dir, tmp_path):
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])  # the default, and the suite's (tests/conftest.py)
+def test_planted_modules_never_run_in_a_two_worker_run_or_a_bench_cell(data_dir, tmp_path, start_method):
     marker = _plant(tmp_path)
     suite = tmp_path / "suite.toml"
     suite.write_text(
         'name = "planted"\nmodels = ["mlp"]\ndatasets = ["mnist"]\nstrategies = ["ddp"]\nworkers = [2]\n'
         "batch_sizes = [32]\nwarmup_steps = 1\nsteps = 2\nlimit = 256\nthreads = 1\n"
     )
-    env = {**os.environ, "PARTRAIN_DATA_DIR": str(data_dir)}
+    env = {**os.environ, "PARTRAIN_DATA_DIR": str(data_dir), "PARTRAIN_START_METHOD": start_method}
     train = subprocess.run([PARTRAIN, "train", "--strategy", "ddp", "--workers", "2", "--steps", "3", "--limit", "256",
                             "--eval-limit", "32", "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert train.returncode == 0, train.stderr

@@ -2,12 +2,23 @@
 
 Run directly with ``--workers N``, partrain starts N worker processes on this machine with
 ``torch.multiprocessing`` (the ``spawn`` start method: fresh interpreters, no inherited
-threads). They find each other through a ``FileStore`` in a private directory (mode 0700,
+threads). ``PARTRAIN_START_METHOD=forkserver`` forks them instead from one fresh,
+single-threaded server per launcher that imported torch once: each worker starts in ~0.02 s
+where importing torch took 1-2 s on the 2-vCPU VM (the test suite runs so, ``tests/conftest.py``).
+Not the default, because a forked worker's resident set counts the shared libraries' pages only
+as it touches them: its peak read 351 MB where a spawned one, or one torchrun started, read
+410-415 MB (the mlp on MNIST, session 102), and the memory predictions' baseline is a fresh
+process's. Either way each worker gets the launcher's environment and working directory as
+they are when it starts.
+
+They find each other through a ``FileStore`` in a private directory (mode 0700,
 removed afterwards), not a TCP store: a TCP store listens on every interface, has no
 authentication, and PyTorch's elastic agent unpickles what is in it, so any process that can
 reach the port can run code as the training user. Gloo (or NCCL) binds its own connections to
 the loopback interface. A local run therefore opens no socket reachable from outside the
-machine and reads nothing another user can write.
+machine and reads nothing another user can write; the fork server listens on a Unix socket
+that only this user can open (mode 0600, in a directory of mode 0700, as ``multiprocessing``
+makes it).
 
 Failure handling, as the elastic agent gave it and more:
 
@@ -15,8 +26,8 @@ Failure handling, as the elastic agent gave it and more:
   the rank (a ``PartrainError`` found by a worker comes back as that one line);
 - a worker stopped by a signal (SIGSTOP) while its peers time out waiting for it is the
   rank named, not the peer whose collective timed out;
-- workers die with the launcher (``PR_SET_PDEATHSIG``), so a ``kill -9`` of ``partrain``
-  orphans nothing; Ctrl-C reaches the launcher alone, which stops the workers (each worker
+- workers die with the launcher (``PR_SET_PDEATHSIG``, with the fork server, which leaves
+  with the launcher), so a ``kill -9`` of ``partrain`` orphans nothing; Ctrl-C reaches the launcher alone, which stops the workers (each worker
   runs in a session of its own, as torchrun's do: ``_worker`` says what that is worth);
 - nothing is left in ``$TMPDIR``.
 """
@@ -36,6 +47,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from multiprocessing import forkserver
 from pathlib import Path
 
 import torch.multiprocessing as mp
@@ -44,6 +56,18 @@ from partrain.errors import DEBUG_ENV, PartrainError
 
 RENDEZVOUS_ENV = "PARTRAIN_RENDEZVOUS_FILE"  # a worker started here reads its FileStore path from it
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+START_METHOD_ENV = "PARTRAIN_START_METHOD"  # "spawn" (the default) or "forkserver"
+_PRELOAD = ["torch", "torch.distributed", "partrain.train", "partrain.distributed.launch"]  # the fork server's imports
+
+
+def start_method() -> str:
+    """How ``spawn`` starts workers: ``$PARTRAIN_START_METHOD``, checked, or "spawn"."""
+    method = os.environ.get(START_METHOD_ENV) or "spawn"
+    if method not in ("spawn", "forkserver") or method not in mp.get_all_start_methods():
+        raise PartrainError(f"{START_METHOD_ENV}={method}: use spawn or forkserver (where this platform has it)")
+    return method
+
 
 # More local workers than this many per core cannot help and only exhausts the machine
 # (`--workers 1000` forks until memory runs out; `--threads 100000` crashes the OpenMP runtime).
@@ -118,11 +142,33 @@ def leave_at_once(status: int = 0) -> None:
     os._exit(status)
 
 
-def _worker(index: int, entrypoint: Callable, args: tuple, nprocs: int, run_dir: str, parent_pid: int) -> None:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # there, but not ours
+        return True
+    return True
+
+
+def _worker(index: int, entrypoint: Callable, args: tuple, nprocs: int, run_dir: str, launcher_pid: int,
+            env: dict[str, str]) -> None:
     """One worker: set its place in the job, run ``entrypoint``, leave the result or the error in ``run_dir``."""
+    # a forked worker's parent is the fork server, which leaves as soon as the launcher does (the
+    # launcher holds the other end of its pipe): dying with it is dying with the launcher
     die_with_parent(signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the launcher died before that took effect
+    if not _alive(launcher_pid):  # the launcher died before that took effect
         os._exit(1)
+    os.environ.clear()  # the launcher's environment now, not the fork server's when it started
+    os.environ.update(env)
+    # a forked worker holds the write end of the pipe the fork server waits on to leave (so that it
+    # outlives its clients): left open, a launcher killed with -9 would leave the server, and so
+    # its workers, running
+    alive_fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if alive_fd is not None:  # None in a spawned worker
+        os.close(alive_fd)
+        forkserver._forkserver._forkserver_alive_fd = None
     # a session of its own, as torchrun starts each worker: where the kernel groups the CPU by
     # session (CONFIG_SCHED_AUTOGROUP, on by default in desktop and cloud kernels) workers of one
     # session shared one group's turn at the cores. On the 2-vCPU VM a 4-stage 1F1B over 4 such
@@ -212,27 +258,38 @@ def spawn(entrypoint: Callable, args: tuple, nprocs: int, poll_s: float = 0.1) -
     In a worker, ``distributed.launch.detect_launcher`` reads the worker's rank and its
     rendezvous file from the environment.
     """
+    method = start_method()
     run_dir = private_dir()
-    saved = {k: os.environ.get(k) for k in ("PYTHONSAFEPATH", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
-    # children inherit the environment when they start: the working directory stays off their
-    # import path (a planted numpy.py there never runs); workers set their own thread count
-    os.environ.update(PYTHONSAFEPATH="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **local_network_env())
+    # the working directory stays off the children's import path (a planted numpy.py there never
+    # runs); workers set their own thread count
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           **local_network_env()}
+    saved = {k: os.environ.get(k) for k in ("PYTHONSAFEPATH", "OMP_NUM_THREADS")}
+    # what the workers, or the fork server if this call starts it, start with: off the import path
+    # as above; the server with one thread (NumPy's BLAS would start a pool of threads as torch
+    # imports it, and a process forked with threads running may inherit a lock one of them held)
+    os.environ.update(PYTHONSAFEPATH="1", OMP_NUM_THREADS="1" if method == "forkserver" else env["OMP_NUM_THREADS"])
+    if method == "forkserver":
+        mp.set_forkserver_preload(_PRELOAD)  # read once, when the server starts
     context = None
-    # Ctrl-C is the launcher's: workers start with SIGINT ignored, which Python keeps through
-    # their start-up (a disposition inherited as ignored is left ignored), so a Ctrl-C while
-    # they still import torch prints nothing from them
+    # Ctrl-C is the launcher's: workers start with SIGINT ignored, so a Ctrl-C while they start
+    # prints nothing from them. A disposition inherited as ignored through exec is one Python
+    # keeps: spawned workers are started (exec'd) with it ignored, or the fork server is, and every
+    # worker forked from it starts so; the launcher ignores it only for that moment (not while the
+    # server imports torch, seconds the first time: a Ctrl-C then is the launcher's to handle)
     ignore = threading.current_thread() is threading.main_thread()
     handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
     try:
         try:
-            context = mp.start_processes(
-                _worker, args=(entrypoint, args, nprocs, str(run_dir), os.getpid()), nprocs=nprocs,
-                join=False, start_method="spawn",
-            )
+            if method == "forkserver":
+                forkserver.ensure_running()
+            else:  # spawned interpreters inherit it the same way, when they start
+                context = _start(method, entrypoint, args, nprocs, run_dir, env)
         finally:
             if ignore:
                 signal.signal(signal.SIGINT, handler)
-            _restore(saved)  # the children have their environment; this process gets its own back
+            _restore(saved)  # the workers (or their server) have their environment; this process gets its own back
+        context = context or _start(method, entrypoint, args, nprocs, run_dir, env)
         pids = [p.pid for p in context.processes]
         casualty_since = None
         while True:
@@ -264,6 +321,24 @@ def spawn(entrypoint: Callable, args: tuple, nprocs: int, poll_s: float = 0.1) -
         if context is not None:
             _stop(context.processes)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def fork_server_cpu_s() -> float:
+    """CPU seconds of this process's fork server, if it started one, and of the workers it forked
+    and has reaped (every worker of a finished ``spawn``): this process's own work, though not
+    counted with its children's."""
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split() if pid else []
+    except OSError:  # gone
+        fields = []
+    # utime, stime, cutime, cstime: fields 14-17 of proc(5), counted from the state (field 3)
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _start(method: str, entrypoint: Callable, args: tuple, nprocs: int, run_dir: Path, env: dict[str, str]):
+    return mp.start_processes(_worker, args=(entrypoint, args, nprocs, str(run_dir), os.getpid(), env),
+                              nprocs=nprocs, join=False, start_method=method)
 
 
 def _restore(saved: dict[str, str | None]) -> None:

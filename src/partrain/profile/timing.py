@@ -145,11 +145,15 @@ def cold_run(forward: Callable[[], object], backward: Callable[[object], object]
 
 def cpu_seconds() -> tuple[float, float]:
     """(CPU seconds every process has used, CPU seconds this one and its children have), from /proc/stat."""
+    from partrain.distributed.spawn import fork_server_cpu_s
+
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     busy = sum(int(v) for i, v in enumerate(fields) if i not in (3, 4))  # all but idle and iowait
-    # this process and the children it waited for (the memory probe): what is left is the others'
+    # this process, the children it waited for (the memory probe) and the workers its fork server
+    # forked and waited for: what is left is the others'
     children = os.times()
-    return busy / os.sysconf("SC_CLK_TCK"), time.process_time() + children.children_user + children.children_system
+    own = time.process_time() + children.children_user + children.children_system + fork_server_cpu_s()
+    return busy / os.sysconf("SC_CLK_TCK"), own
 
 
 def others_share(before: tuple[float, float], after: tuple[float, float], wall: float) -> float:
