@@ -5,6 +5,11 @@ from pathlib import Path
 
 import pytest
 
+# workers forked from a server that imported torch once, not spawned fresh (``distributed.spawn``):
+# ~1-2 s less for each of the suite's hundreds of worker starts; the tests that start workers
+# the default way (spawn) say so. Set here, before any test, so the CLI's subprocesses inherit it
+os.environ.setdefault("PARTRAIN_START_METHOD", "forkserver")
+
 # $PARTRAIN_DATA_DIR first (a worktree's checkout is not beside shared/), else ../shared/data
 DATA_DIR = Path(os.environ.get("PARTRAIN_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
@@ -15,6 +20,21 @@ def data_dir() -> Path:
     if not DATA_DIR.is_dir():
         pytest.skip(f"real data not found at {DATA_DIR}")
     return DATA_DIR
+
+
+@pytest.fixture(scope="session")
+def measured_hardware(tmp_path_factory):
+    """One real ``profile --hardware`` of 3 workers on this machine, every probe (2 and 3 workers
+    side by side, beyond the cores on 2; the pair's and the whole world's pipelines), messages of
+    64 B to 1 MiB: about two minutes on 2 cores, taken once for the tests that need one. Returns
+    (the profile, the directory it is cached in, where predict and recommend look it up)."""
+    from partrain.profile.cache import hardware_path
+    from partrain.profile.hardware import profile_hardware
+
+    directory = tmp_path_factory.mktemp("hardware")
+    hw = profile_hardware(3, sizes=[64, 4096, 2**18, 2**20])
+    hw.save(hardware_path(directory, 3))
+    return hw, directory
 
 
 def pytest_collection_modifyitems(config, items):
