@@ -265,9 +265,10 @@ def test_mlp_mnist_reaches_97_5_percent_in_5_epochs(data_dir):
 
 
 @pytest.mark.slow
-def test_cnn_mnist_reaches_98_8_percent_in_3_epochs(data_dir):
-    r = train(data_dir, model="cnn", epochs=3)
-    assert r.test_accuracy >= 0.988, r.epochs
+def test_cnn_mnist_reaches_97_5_percent_in_its_first_epoch(data_dir):
+    """98.0% on the 2-vCPU VM; the reports' 98.8% takes three epochs (``benchmarks/accuracy.py``)."""
+    r = train(data_dir, model="cnn", epochs=1)
+    assert r.test_accuracy >= 0.975, r.epochs
 
 
 @pytest.mark.slow
