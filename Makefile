@@ -23,7 +23,7 @@ install: $(BIN)/partrain
 demo: install
 	$(BIN)/partrain recommend --model cnn --dataset mnist --workers 2 --batch-size 64 --run --steps 200
 
-# --durations: each run's log names its slowest tests (the suite is about 18 minutes on 2 cores)
+# --durations: each run's log names its slowest tests (the suite is 18-19 minutes on 2 cores)
 test: install
 	$(BIN)/python -m pytest -q --durations=25
 
