@@ -385,8 +385,10 @@ def test_a_killed_sweep_resumes_reruns_the_interrupted_and_counts_nothing_twice(
     assert all(after[n].state.name == "COMPLETE" for n in finished_before)  # finished ones kept, not rerun
     for t in interrupted:  # each interrupted trial failed and its parameters ran again, once
         assert after[t.number].state.name == "FAIL"
-        if t.params:  # a trial killed before it drew its values has none to run again
-            assert params.count(tuple(sorted(t.params.items()))) == 1
+        # a trial killed before it drew its values has none to run again; one killed between two
+        # draws (lr drawn, epochs not: clean-clone CI once) runs again with the ones it drew
+        if t.params:
+            assert sum(set(t.params.items()) <= set(p) for p in params) == 1
     assert "interrupted; run again as #" in rerun.stdout
 
 
