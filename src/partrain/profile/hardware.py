@@ -245,7 +245,7 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
                                      "them with --cluster FILE (examples/cluster.toml)")
         before, started = cpu_seconds(), time.perf_counter()
         raw = spawn(hardware_worker, (sizes, backend, threads), workers)[0]
-        others = others_share(before, cpu_seconds(), time.perf_counter() - started)  # the workers: waited-for children of its fork server
+        others = others_share(before, cpu_seconds(), time.perf_counter() - started)  # the workers: its waited-for children, or its fork server's
     links, collectives = fit_measurements(raw)
     cuda = raw["backend"] == "nccl"  # a GPU's host posts its messages while the device computes
     message_cpu_s = 0.0 if cuda else fit_message_cpu(raw["pipeline_probe"], raw["pipeline_action_s"])
