@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shlex
@@ -355,16 +356,22 @@ def test_a_killed_sweep_resumes_reruns_the_interrupted_and_counts_nothing_twice(
     try:
         while time.monotonic() < deadline:  # wait until one trial finished and others are mid-way
             time.sleep(0.5)
+            # the sweep and its slots stopped while the storage is read: what it says then is what
+            # the kill leaves (a trial read running and killed a moment later had finished in
+            # between under load, leaving none mid-way, in a run of two tests at a time)
+            os.killpg(proc.pid, signal.SIGSTOP)
             try:
-                trials_now = optuna.load_study(study_name="partrain-sweep", storage=url).trials
-            except Exception:  # noqa: BLE001 - the study may not exist yet
-                continue
-            states = [t.state.name for t in trials_now]
+                states = [t.state.name for t in optuna.load_study(study_name="partrain-sweep", storage=url).trials]
+            except Exception:  # noqa: BLE001 - the study may not exist yet, or a stopped slot holds its lock
+                states = []
             if states.count("COMPLETE") >= 1 and states.count("RUNNING") >= 1:
+                proc.send_signal(signal.SIGKILL)  # the sweep only: its slots die with it (PR_SET_PDEATHSIG)
+                with contextlib.suppress(ProcessLookupError):  # what is left of the group acts on its signals
+                    os.killpg(proc.pid, signal.SIGCONT)
                 break
+            os.killpg(proc.pid, signal.SIGCONT)
         else:
             pytest.fail("the sweep never had a finished and a running trial at once")
-        proc.send_signal(signal.SIGKILL)  # the sweep only: its slots die with it (PR_SET_PDEATHSIG)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
@@ -437,6 +444,7 @@ def heavy(profile, factor: float = 1000.0):
     return dataclasses.replace(profile, blocks=blocks, loop_s=loop_s)
 
 
+@pytest.mark.alone  # its fixture profiles the mlp: never beside another test (make test)
 @pytest.mark.parametrize("trials, bandwidth, best_k", [(24, 0.05, 1), (1, 1000.0, 4)])
 def test_the_plan_picks_side_by_side_for_many_trials_and_splitting_for_too_few(tmp_path, profile, sweep_configs,
                                                                                 trials, bandwidth, best_k):
