@@ -31,6 +31,8 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--hardware", action="store_true", help="profile the collectives instead of a model")
     p.add_argument("--workers", type=int, default=2, help="--hardware: local workers (default: 2; a launcher's world size under one)")
     p.add_argument("--max-mb", type=float, default=64.0, help="--hardware: largest message in MiB (default: 64)")
+    p.add_argument("--quick", action="store_true", help="--hardware: every probe with a third of its rounds, in about "
+                   "half the time; noisier, so shown but not cached for predict and recommend")
     p.add_argument("--profile-dir", help=PROFILE_DIR_HELP)
     p.add_argument("--refresh", action="store_true", help="measure again even when a cached profile exists")
     add_run_options(p)
@@ -54,7 +56,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from partrain.report.tables import hardware_table, profile_table
 
     if args.hardware:
-        hw = profile_hardware(args.workers, default_sizes(int(args.max_mb * 2**20)), threads=args.threads or 1)
+        hw = profile_hardware(args.workers, default_sizes(int(args.max_mb * 2**20)), threads=args.threads or 1,
+                              quick=args.quick)
         if hw is None:  # a launched worker other than rank 0
             return 0
         quiet = hw.other_load < BUSY_SHARE  # a contended profile is shown, never kept to spoil later predictions
@@ -64,13 +67,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
         unlike = [f"--{name} {value:g}" for name, value, ok in (
             ("threads", args.threads or 1, (args.threads or 1) == 1), ("max-mb", args.max_mb, args.max_mb >= 64))
             if not ok] if hw.nodes == 1 else []
-        keep = quiet and not unlike
+        keep = quiet and not unlike and not args.quick
         path = hw.save(hardware_path(profile_dir(args.profile_dir), hw.nodes * hw.workers_per_node, hw.nodes)) if keep else None
         print(json.dumps(hw.to_dict()) if args.json else "", end="\n" if args.json else "")
         if not args.json:
             print_table(hardware_table(hw))
         why = (f" (measured with {' and '.join(unlike)}, where predict and recommend measure 1 thread per worker and "
                "messages up to 64 MiB: kept, it would stand in for theirs)") if unlike and quiet else ""
+        why = " (--quick: a first look, not what predict and recommend measure)" if args.quick and quiet else why
         print(f"hardware profile: {path or 'not cached'}{why}", file=sys.stderr)
         if hw.other_load >= NOTICEABLE_LOAD:
             print(f"warning: other processes used {hw.other_load:.0%} of the CPU while the collectives were timed; "

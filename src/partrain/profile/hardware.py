@@ -45,6 +45,13 @@ from partrain.progress import phase
 
 # ---- measuring this machine ---------------------------------------------------------------
 
+# ``quick``: every probe, with about a third of the rounds each alternates its timings over by
+# default (two at least; each probe's docstring says why the full profile takes so many), so
+# noisier: a first look at a machine, or a test's. 3 workers on the 2-vCPU VM: 65 s where the full
+# profile took 125. Shown, not cached as the machine's profile (``commands.profile``).
+QUICK = {"hops": dict(rounds=3), "pair_loaded": dict(rounds=3), "pipelines": dict(rounds=3, loaded_rounds=2),
+         "sharing": dict(rounds=2), "step_sync": dict(rounds=2)}
+
 
 def _rss_bytes() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -82,8 +89,8 @@ def _tier_plans(world: int, local: int) -> list[tuple[str, int, list[list[int]],
 
 
 @record
-def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict | None:
-    """One worker of ``profile --hardware``; rank 0 returns the measurements."""
+def hardware_worker(sizes: list[int], backend: str | None, threads: int, quick: bool = False) -> dict | None:
+    """One worker of ``profile --hardware`` (``quick``: ``QUICK``'s rounds); rank 0 returns the measurements."""
     from partrain.distributed.launch import (
         detect_launcher,
         device_for,
@@ -102,6 +109,7 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
     out: dict = {"tiers": {}, "link_alone": {}, "notes": [], "process_group_rss_bytes": joined, "backend": backend,
                  "world_size": info.world_size, "local_world_size": info.local_world_size}
     say = (lambda text: phase("profile --hardware", text)) if info.rank == 0 else (lambda text: None)  # noqa: E731
+    rounds = QUICK if quick else {}
     try:
         say("the pipeline runtime's cost per action and per hop")
         alone, pair = dist.new_group([0]), dist.new_group([0, 1])  # every rank creates every group
@@ -109,18 +117,18 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
         out["pipeline_action_s"] = measure_pipeline_action(alone, device) if info.rank == 0 else 0.0
         dist.barrier()  # the others' background load below starts only after rank 0 timed the runtime alone
         with background_load(info.rank not in (0, 1)):  # the job's other workers compute meanwhile
-            out["pipeline_probe"] = measure_pipeline_hops(pair, device) if info.rank in (0, 1) else None
+            out["pipeline_probe"] = measure_pipeline_hops(pair, device, **rounds.get("hops", {})) if info.rank in (0, 1) else None
             if info.rank in (0, 1) and device.type == "cpu":  # a GPU's host waits while its stages compute
                 say("the same over stages that compute")
-                out["pipeline_probe"]["loaded"] = measure_pair_loaded(pair, device)
+                out["pipeline_probe"]["loaded"] = measure_pair_loaded(pair, device, **rounds.get("pair_loaded", {}))
             dist.barrier()
         if info.world_size >= 3:
             say(f"a {info.world_size}-stage pipeline over every worker")
-            out["pipeline_world"] = measure_world_pipeline(device)
+            out["pipeline_world"] = measure_world_pipeline(device, **rounds.get("pipelines", {}))
             dist.barrier()
         if info.world_size >= 4 and info.world_size % 2 == 0:
             say("2-stage pipelines on every worker at once, as a hybrid's replicas run")
-            out["pipeline_side_by_side"] = measure_pipelines_side_by_side(device)
+            out["pipeline_side_by_side"] = measure_pipelines_side_by_side(device, **rounds.get("pipelines", {}))
             dist.barrier()
         out["compute_sharing"] = {}
         say(f"compute with 2..{info.local_world_size} workers side by side")
@@ -128,9 +136,9 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
         for k in range(2, info.local_world_size + 1):  # the first k workers of node 0 busy, the rest idle
             group = dist.new_group(list(range(k)))  # every rank creates every group
             if info.rank < k:
-                out["compute_sharing"][k] = measure_compute_sharing(group, device)
+                out["compute_sharing"][k] = measure_compute_sharing(group, device, **rounds.get("sharing", {}))
                 if device.type == "cpu":  # beyond the cores too: the probe's compute is the mean call
-                    out["step_sync"][k] = measure_step_sync(group, device)
+                    out["step_sync"][k] = measure_step_sync(group, device, **rounds.get("step_sync", {}))
             dist.barrier()
         if info.world_size > info.local_world_size:
             # the whole world across the nodes, as a data-parallel step over them synchronises: keyed by
@@ -141,7 +149,7 @@ def hardware_worker(sizes: list[int], backend: str | None, threads: int) -> dict
             dist.all_reduce(fits, op=dist.ReduceOp.MIN)
             if fits.item():
                 say(f"a step's synchronisation after computing, {info.world_size} workers across the nodes")
-                out["step_sync"][info.world_size] = measure_step_sync(world, device)
+                out["step_sync"][info.world_size] = measure_step_sync(world, device, **rounds.get("step_sync", {}))
             dist.barrier()
         for tier, k, groups, pair in _tier_plans(info.world_size, info.local_world_size):
             say(f"collectives in groups of {k} ({tier}), {len(sizes)} message sizes")
@@ -226,15 +234,16 @@ def fit_compute_sharing(probes: dict, cores: int) -> tuple[dict[int, float], dic
     return sharing, sync, compute
 
 
-def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str | None = None, threads: int = 1) -> HardwareProfile:
-    """Measure the collectives with ``workers`` workers (or the launcher's) and fit them."""
+def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str | None = None, threads: int = 1,
+                     quick: bool = False) -> HardwareProfile:
+    """Measure the collectives with ``workers`` workers (or the launcher's) and fit them; ``quick``: ``QUICK``."""
     from partrain.distributed.launch import detect_launcher
     from partrain.distributed.spawn import check_local_workers, spawn
 
     sizes = sizes or default_sizes()
     info = detect_launcher()
     if info.launched:
-        raw = hardware_worker(sizes, backend, threads)
+        raw = hardware_worker(sizes, backend, threads, quick)
         if raw is None:
             return None  # not rank 0: rank 0 writes the profile
         others = 0.0  # the other ranks are not this process's children: their load cannot be told apart
@@ -244,7 +253,7 @@ def profile_hardware(workers: int, sizes: list[int] | None = None, backend: str 
         check_local_workers(workers, "measure bigger machines there (profile --hardware under torchrun), or describe "
                                      "them with --cluster FILE (examples/cluster.toml)")
         before, started = cpu_seconds(), time.perf_counter()
-        raw = spawn(hardware_worker, (sizes, backend, threads), workers)[0]
+        raw = spawn(hardware_worker, (sizes, backend, threads, quick), workers)[0]
         others = others_share(before, cpu_seconds(), time.perf_counter() - started)  # the workers: its waited-for children, or its fork server's
     links, collectives = fit_measurements(raw)
     cuda = raw["backend"] == "nccl"  # a GPU's host posts its messages while the device computes

@@ -163,7 +163,7 @@ def _cold_times(module: nn.Module, inp: torch.Tensor, backward, repeats: int = 2
 LOADS = ((16, 256, 2), (32, 512, 2), (64, 512, 3))
 
 
-def _with_loads(group, device, stages: int, loads, **probe) -> dict:
+def _with_loads(group, device, stages: int, loads, loaded_rounds: int = 5, **probe) -> dict:
     """``measure_pipeline_hops`` over stages that compute almost nothing, then again (8
     micro-batches, fewer rounds) over each of ``loads``, kept as its ``"loaded"`` list.
 
@@ -175,7 +175,7 @@ def _with_loads(group, device, stages: int, loads, **probe) -> dict:
     (gpt at batch 32: 2.0). Taken as waiting for a core in the simulation, it changed nothing:
     the heaviest probe's steps (95-98 ms) left the 2 cores half idle (93 ms of compute)."""
     out = measure_pipeline_hops(group, device, stages=stages, **probe)
-    out["loaded"] = [measure_pipeline_hops(group, device, width=width, microbatches=(8,), rounds=5, steps=5,
+    out["loaded"] = [measure_pipeline_hops(group, device, width=width, microbatches=(8,), rounds=loaded_rounds, steps=5,
                                            stages=stages, rows=rows, depth=depth) for rows, width, depth in loads]
     return out
 
@@ -184,10 +184,9 @@ def _with_loads(group, device, stages: int, loads, **probe) -> dict:
 # about 0.8 and 5 ms a micro-batch on a 2-core VM's core, longer than a woken stage's wait behind a
 # busy one (``measure_pair_loaded``)
 PAIR_LOADS = ((32, 512, 2), (64, 1024, 2))
-PAIR_ROUNDS = 9
 
 
-def measure_pair_loaded(group, device, loads=PAIR_LOADS, rounds: int = PAIR_ROUNDS) -> list[dict]:
+def measure_pair_loaded(group, device, loads=PAIR_LOADS, rounds: int = 9) -> list[dict]:
     """``measure_pipeline_hops`` of the pair ``group`` over each of ``loads``, 4 and 8
     micro-batches of GPipe and 1F1B (``rounds`` rounds of 4 steps; 15 s on a 2-core VM, 30 s
     beside two busy workers): where a message's sender computes on after sending it, its
