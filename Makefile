@@ -23,12 +23,20 @@ install: $(BIN)/partrain
 demo: install
 	$(BIN)/partrain recommend --model cnn --dataset mnist --workers 2 --batch-size 64 --run --steps 200
 
-# --durations: each run's log names its slowest tests (the suite is 18-19 minutes on 2 cores)
+# Two tests at a time (pytest-xdist: most wait on processes they start), then those marked
+# `alone` one at a time: they time the machine (a profile beside another test reads its load
+# and measures again) or train on both cores in pytest's own process (beside another test's
+# workers, each parallel region waits for a descheduled thread: an mlp step 3 ms -> 150 ms).
+# --durations: each log names its slowest tests.
 test: install
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n 2 -m "not alone" --durations=15; two=$$?; \
+	$(BIN)/python -m pytest -q -m alone --durations=15; alone=$$?; \
+	exit $$(( two || alone ))
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not alone"; two=$$?; \
+	$(BIN)/python -m pytest -q -m "alone and not slow"; alone=$$?; \
+	exit $$(( two || alone ))
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

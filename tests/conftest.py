@@ -14,6 +14,14 @@ os.environ.setdefault("PARTRAIN_START_METHOD", "forkserver")
 DATA_DIR = Path(os.environ.get("PARTRAIN_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_profile_dir(tmp_path_factory):
+    """Profiles cached where this session alone reads and writes them, not in the user's
+    ~/.partrain (a test that names no --profile-dir would read that machine's hardware
+    profile), nor where another pytest-xdist worker of the same run writes."""
+    os.environ["PARTRAIN_PROFILE_DIR"] = str(tmp_path_factory.mktemp("profiles"))
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The real-data directory (MNIST, CIFAR-10 sample, OCR letters); skips the test if absent."""
@@ -24,15 +32,16 @@ def data_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def measured_hardware(tmp_path_factory):
-    """One real ``profile --hardware`` of 3 workers on this machine, every probe (2 and 3 workers
-    side by side, beyond the cores on 2; the pair's and the whole world's pipelines), messages of
-    64 B to 1 MiB: about two minutes on 2 cores, taken once for the tests that need one. Returns
-    (the profile, the directory it is cached in, where predict and recommend look it up)."""
+    """One real ``profile --hardware --quick`` of 3 workers on this machine, every probe (2 and 3
+    workers side by side, beyond the cores on 2; the pair's and the whole world's pipelines) with
+    a third of its rounds, messages of 64 B to 1 MiB: about a minute on 2 cores (the full
+    profile's two), taken once for the tests that need one. Returns (the profile, the directory
+    it is cached in, where predict and recommend look it up)."""
     from partrain.profile.cache import hardware_path
     from partrain.profile.hardware import profile_hardware
 
     directory = tmp_path_factory.mktemp("hardware")
-    hw = profile_hardware(3, sizes=[64, 4096, 2**18, 2**20])
+    hw = profile_hardware(3, sizes=[64, 4096, 2**18, 2**20], quick=True)
     hw.save(hardware_path(directory, 3))
     return hw, directory
 

@@ -12,6 +12,8 @@ import pytest
 
 from partrain.cli import main
 
+pytestmark = pytest.mark.alone  # runs predict, recommend and profile: never beside another test (make test)
+
 TRAIN = ["train", "--steps", "1", "--limit", "128", "--eval-limit", "16", "--quiet"]
 CLUSTER = """[cluster]
 nodes = 2

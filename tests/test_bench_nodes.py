@@ -32,6 +32,8 @@ from partrain.testing import netns
 from partrain.validate_recommend import recommendation_outcomes
 from partrain.validate_nodes import link_rates, validate_across_nodes, wire_rate
 
+pytestmark = pytest.mark.alone  # measures emulated links and holds cells against their profiles: never beside another test (make test)
+
 ACROSS = {"models": ["mlp"], "strategies": ["serial", "ddp", "gpipe"], "nodes": [2, 4], "workers_per_node": [1, 2],
           "link_mbit": [100, 1000]}
 TINY = {"warmup_steps": 1, "steps": 2, "limit": 256, "timeout": 120, "threads": 1}

@@ -18,6 +18,8 @@ from partrain.predict.machine import fingerprint
 from partrain.predict.plan import profile_batch_sizes
 from partrain.validate_nodes import validate_across_nodes
 
+pytestmark = pytest.mark.alone  # profiles models beside the cells it benches: never beside another test (make test)
+
 EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster.toml"
 
 

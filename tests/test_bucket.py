@@ -11,6 +11,8 @@ from partrain.predict.pipeline_sim import PipelineCosts, simulate
 from partrain.predict.profiles import HardwareProfile
 from partrain.predict.schedules import schedule_order
 
+pytestmark = pytest.mark.alone  # measures a policed link: never beside another test (make test)
+
 SIZES = [16 * 4**k for k in range(10)]  # 16 B .. 4 MiB, as profile --hardware sweeps them
 
 

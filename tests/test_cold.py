@@ -19,6 +19,8 @@ from partrain.profile.timing import core_cache_bytes
 from tests.probe_worker import simulated_world_probe
 from tests.test_predict import EXAMPLE_CLUSTER
 
+pytestmark = pytest.mark.alone  # times blocks cold and back to back: never beside another test (make test)
+
 
 @pytest.fixture(scope="module")
 def mlp_profile():

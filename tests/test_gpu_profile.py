@@ -41,6 +41,8 @@ from partrain.profile.timing import Stopwatch
 from partrain.validate import validate
 from tests.test_store import HW, run_result
 
+pytestmark = pytest.mark.alone  # profiles models: never beside another test (make test)
+
 GPU_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster-8xh100.toml"
 # a model profile's keys before it recorded its device and numerics
 OLD_KEYS = {"model", "dataset", "synthetic", "batch_sizes", "threads", "fingerprint", "input_shape", "input_bytes",

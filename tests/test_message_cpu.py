@@ -19,6 +19,8 @@ from partrain.profile.model import profile_model
 from partrain.profile.pipeline_fits import fit_message_cpu, fit_pipeline_runtime
 from tests.test_predict import EXAMPLE_CLUSTER
 
+pytestmark = pytest.mark.alone  # measures the pipeline runtime's costs: never beside another test (make test)
+
 STAGES = [(1e-4, 2e-4), (1e-4, 3e-4), (2e-4, 2e-4), (1e-4, 1e-4)]  # (forward, backward) seconds
 
 

@@ -44,6 +44,8 @@ from partrain.profile.model import profile_model
 from partrain.report.plots import plot_scatter
 from partrain.validate import Report, row_config, spearman, validate
 
+pytestmark = pytest.mark.alone  # profiles models and holds predictions against runs: never beside another test (make test)
+
 EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster.toml"
 
 

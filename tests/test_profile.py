@@ -19,11 +19,13 @@ from partrain.profile import cache as cache_module
 from partrain.profile import model as model_module
 from partrain.profile.cache import load_or_profile
 from partrain.profile.collectives import interleaved, repeats_for, sweep
-from partrain.profile.hardware import fit_measurements, group_sizes
+from partrain.profile.hardware import QUICK, fit_measurements, group_sizes
 from partrain.profile.pipeline_fits import fit_message_cpu
 from partrain.profile.step_probes import SYNC_BYTES, SYNC_COMPUTES_S
 from partrain.profile.model import profile_model
 from partrain.profile.step_probes import LOADS
+
+pytestmark = pytest.mark.alone  # measures models and this machine: never beside another test (make test)
 
 
 @pytest.fixture(scope="module")
@@ -453,7 +455,8 @@ def test_a_hardware_profile_of_3_workers_fits_the_pipeline_over_all_of_them(tmp_
     probe = hw.points["pipeline_world"]
     steps = probe["steps"]
     assert sorted((s["schedule"], s["microbatches"]) for s in steps) == [("1f1b", 4), ("1f1b", 8), ("gpipe", 4), ("gpipe", 8)]
-    assert all(len(s["rounds_s"]) == 9 and s["step_s"] == statistics.median(s["rounds_s"]) > 0 for s in steps)
+    rounds = QUICK["pipelines"]  # the fixture's profile is --quick's
+    assert all(len(s["rounds_s"]) == rounds["rounds"] and s["step_s"] == statistics.median(s["rounds_s"]) > 0 for s in steps)
     assert len(probe["stage_s"]) == 3 and all(f > 0 and b > 0 for f, b in probe["stage_s"])
     assert len(probe["stage_cold_s"]) == 3 and all(f > 0 and b > 0 for f, b in probe["stage_cold_s"])
     step_s, hop_s = hw.pipeline_world
@@ -466,12 +469,12 @@ def test_a_hardware_profile_of_3_workers_fits_the_pipeline_over_all_of_them(tmp_
     # beyond the cores (3 workers on 2): the cores' factor, the cores time-sliced (3 / 2)
     if machine().cpu_cores == 2:
         assert hw.compute_sharing[3] == pytest.approx(hw.compute_sharing[2] * 3 / 2)
-    # then over stages that compute more: 8 micro-batches, 5 rounds, stages that take longer each time
+    # then over stages that compute more: 8 micro-batches, fewer rounds, stages that take longer each time
     loaded = probe["loaded"]
     assert [p["message_bytes"] for p in loaded] == [rows * width * 4 for rows, width, _ in LOADS]
     for probe in loaded:
         assert sorted((s["schedule"], s["microbatches"]) for s in probe["steps"]) == [("1f1b", 8), ("gpipe", 8)]
-        assert all(len(s["rounds_s"]) == 5 and s["step_s"] > 0 for s in probe["steps"])
+        assert all(len(s["rounds_s"]) == rounds["loaded_rounds"] and s["step_s"] > 0 for s in probe["steps"])
     # in the order the probes ran, their stages' actions rising; a probe another job slowed out of
     # place would be dropped (``fits.longest_increasing``), so all of them but one at the least
     actions = [a for a, _ in hw.pipeline_world_loaded]
@@ -512,7 +515,7 @@ def test_hardware_profile_measures_every_collective(tmp_path, measured_hardware)
     steps = hw.points["pipeline"]["steps"]
     assert sorted((s["schedule"], s["microbatches"]) for s in steps) == [("1f1b", 4), ("1f1b", 8), ("gpipe", 4), ("gpipe", 8)]
     for s in steps:
-        assert len(s["rounds_s"]) == 9 and s["step_s"] == statistics.median(s["rounds_s"]) > 0
+        assert len(s["rounds_s"]) == QUICK["hops"]["rounds"] and s["step_s"] == statistics.median(s["rounds_s"]) > 0
         # each rank's CPU a step: its actions' and messages' at most, never more than the step's wall time by much
         assert len(s["cpu_s"]) == 2 and all(0 < c < 2 * s["step_s"] for c in s["cpu_s"])
     # a message's CPU, from the CPU that 8 micro-batches take over 4: fitted, and held by the profile
@@ -670,6 +673,37 @@ def test_a_hardware_profile_measured_unlike_predict_does_not_take_its_place(tmp_
     assert list(tmp_path.iterdir()) == []
     assert main(["profile", "--hardware", "--workers", "2", "--max-mb", "256", "--profile-dir", str(tmp_path)]) == 0
     assert len(list(tmp_path.glob("hardware-*.json"))) == 1  # larger messages than predict's: kept
+
+
+def test_a_quick_hardware_profile_is_shown_and_not_cached(tmp_path, monkeypatch, capsys):
+    import dataclasses
+
+    import partrain.profile.hardware as hardware
+    from partrain.profile.cache import local_hardware
+
+    asked = []
+    quiet = dataclasses.replace(local_hardware(), other_load=0.0)
+    monkeypatch.setattr(hardware, "profile_hardware", lambda *a, quick=False, **k: asked.append(quick) or quiet)
+    assert main(["profile", "--hardware", "--workers", "2", "--quick", "--profile-dir", str(tmp_path)]) == 0
+    assert asked == [True] and list(tmp_path.iterdir()) == []
+    assert "hardware profile: not cached (--quick: a first look, not what predict and recommend measure)" in \
+        capsys.readouterr().err
+
+
+def test_quick_takes_a_third_of_each_probes_rounds_two_at_least():
+    import inspect
+
+    from partrain.profile import step_probes
+
+    full = {name: inspect.signature(fn).parameters for name, fn in (
+        ("hops", step_probes.measure_pipeline_hops), ("pair_loaded", step_probes.measure_pair_loaded),
+        ("pipelines", step_probes._with_loads), ("sharing", step_probes.measure_compute_sharing),
+        ("step_sync", step_probes.measure_step_sync))}
+    full["pipelines"] = {"rounds": full["hops"]["rounds"], "loaded_rounds": full["pipelines"]["loaded_rounds"]}
+    assert set(QUICK) == set(full)
+    for probe, rounds in QUICK.items():
+        for name, n in rounds.items():
+            assert n == max(2, round(full[probe][name].default / 3)), (probe, name)
 
 
 def test_a_failed_probe_is_told_by_its_exception_line():

@@ -17,6 +17,8 @@ from partrain.profile.cache import load_or_profile
 from partrain.recommend import needed_batch_sizes, parse_bytes, recommend, worker_counts
 from partrain.validate_recommend import kendall_tau
 
+pytestmark = pytest.mark.alone  # profiles models and this machine, and trains what it picks: never beside another test (make test)
+
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = """
 [cluster]

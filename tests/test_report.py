@@ -31,6 +31,8 @@ from partrain.report.trace import (
 )
 from partrain.runner import run_training
 
+pytestmark = pytest.mark.alone  # profiles models for the predicted schedules it draws: never beside another test (make test)
+
 EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster.toml"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

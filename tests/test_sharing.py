@@ -24,6 +24,8 @@ from partrain.profile.timing import Stopwatch
 from partrain.profile.sharing import (CONFIRMATIONS, PAUSE_S, SUSPECT, CoRunners, confirmed, measure_sharing,
                                      sharing_factors, training_step)
 
+pytestmark = pytest.mark.alone  # measures compute side by side: never beside another test (make test)
+
 EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster.toml"
 
 

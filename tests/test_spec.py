@@ -13,6 +13,8 @@ from partrain.predict.plan import candidate_plans, profile_batch_sizes
 from partrain.recommend import needed_batch_sizes
 from partrain.spec import FAMILIES, OPTIONS, SPECS, strategy_spec, threads_per_worker
 
+pytestmark = pytest.mark.alone  # profiles a model to predict and recommend from: never beside another test (make test)
+
 
 def test_every_spec_is_complete_and_its_runtime_resolves():
     from partrain.strategies import PARALLELIZE

@@ -16,6 +16,8 @@ from partrain.predict.cluster import load_cluster
 from partrain.profile.model import profile_model
 from partrain.strategies.traced import TracedSpan, traced_blocks
 
+pytestmark = pytest.mark.alone  # profiles a plain module's traced pieces: never beside another test (make test)
+
 EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster.toml"
 
 

@@ -10,6 +10,8 @@ from partrain.errors import PartrainError
 from partrain.events import read_events
 from partrain.runner import run_training
 
+pytestmark = pytest.mark.alone  # trains on both cores in pytest's own process: never beside another test (make test)
+
 
 def train(data_dir, **kw):
     base = dict(data_dir=str(data_dir), threads=2)

@@ -11,6 +11,8 @@ import pytest
 from partrain.cli import build_parser, config_from_args, main
 from partrain.config import Job, Machinery, Parallelism, RunConfig, to_argv
 
+pytestmark = pytest.mark.alone  # runs predict, recommend and profile: never beside another test (make test)
+
 
 def error_line(argv, capsys) -> str:
     assert main(argv) == 2
