@@ -142,7 +142,8 @@ def leave_at_once(status: int = 0) -> None:
     os._exit(status)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (someone else's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -158,7 +159,7 @@ def _worker(index: int, entrypoint: Callable, args: tuple, nprocs: int, run_dir:
     # a forked worker's parent is the fork server, which leaves as soon as the launcher does (the
     # launcher holds the other end of its pipe): dying with it is dying with the launcher
     die_with_parent(signal.SIGKILL)
-    if not _alive(launcher_pid):  # the launcher died before that took effect
+    if not alive(launcher_pid):  # the launcher died before that took effect
         os._exit(1)
     os.environ.clear()  # the launcher's environment now, not the fork server's when it started
     os.environ.update(env)
@@ -243,12 +244,17 @@ def _user_error_from_a_peer(run_dir: Path) -> bool:
     return any(_read_report(report)["user"] for report in run_dir.glob("error*.json"))
 
 
+def _stat(pid: int) -> list[str]:
+    """Process ``pid``'s /proc stat fields from its state on (field 3 of proc(5)); [] if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def _state(pid: int) -> str:
     """The kernel's one-letter process state ('T' = stopped), '' if it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
+    return (_stat(pid) or [""])[0]
 
 
 def spawn(entrypoint: Callable, args: tuple, nprocs: int, poll_s: float = 0.1) -> dict[int, object]:
@@ -328,10 +334,7 @@ def fork_server_cpu_s() -> float:
     and has reaped (every worker of a finished ``spawn``): this process's own work, though not
     counted with its children's."""
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split() if pid else []
-    except OSError:  # gone
-        fields = []
+    fields = _stat(pid) if pid else []
     # utime, stime, cutime, cstime: fields 14-17 of proc(5), counted from the state (field 3)
     return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 

@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass
 
 from partrain.config import RunConfig
-from partrain.distributed.spawn import die_with_parent, leave_at_once
+from partrain.distributed.spawn import alive, die_with_parent, leave_at_once
 from partrain.errors import PartrainError
 from partrain.sweep.space import Dimension, train_command, trial_config
 from partrain.sweep.storage import GRACE_S, open_study
@@ -100,19 +100,9 @@ def counts(study) -> tuple[int, int]:
     return sum(map(has_verdict, trials)), sum(t.state == TrialState.RUNNING for t in trials)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _slot_gone(t, host: str) -> bool:
     """The trial ran in a slot on this host and that process is gone."""
-    return t.user_attrs.get("host") == host and "pid" in t.user_attrs and not _alive(t.user_attrs["pid"])
+    return t.user_attrs.get("host") == host and "pid" in t.user_attrs and not alive(t.user_attrs["pid"])
 
 
 def _orphan(t) -> bool:
